@@ -1,0 +1,162 @@
+"""Maps ComfyUI's official sampling hooks onto an :class:`InterceptorChain`.
+
+The only module besides ``nodes/`` that imports ComfyUI. It uses nothing but ComfyUI's public
+extension points, so a ComfyUI update cannot break a patched forward:
+
+* ``OUTER_SAMPLE`` wrapper: creates a fresh :class:`LoopState` for every sampling run and drops it
+  afterwards (``guider.model_options`` is already a per-run copy, restored by ComfyUI when the run
+  ends);
+* ``PREDICT_NOISE`` wrapper: one sampler evaluation (all CFG branches of a step) per call;
+* ``APPLY_MODEL`` wrapper: one batched forward, whole-model caching (fires for every model family,
+  SD3 included);
+* ``patches_replace["dit"]`` block replacements: block-level caching. A replacement someone else
+  registered earlier is chained to, never overwritten.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import torch
+
+import comfy.patcher_extension
+from comfy.patcher_extension import WrappersMP
+
+from .interceptors import Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card, summarize
+from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
+
+log = logging.getLogger("cached_sampler")
+
+WRAPPER_KEY = "cached_sampler"
+STATE_KEY = "cached_sampler_state"
+CHAIN_KEY = "cached_sampler_chain"
+
+
+def model_card(model) -> ModelCard:
+    """The card of a ComfyUI ModelPatcher, from its classes and the blocks it really has."""
+    base = model.model
+    mro = tuple(c.__name__ for c in type(base).__mro__)
+    config = type(getattr(base, "model_config", None)).__name__
+    sampling = model.get_model_object("model_sampling")
+    sampling_classes = tuple(c.__name__ for c in type(sampling).__mro__)
+    diffusion = getattr(base, "diffusion_model", None)
+    counts = {}
+    if diffusion is not None:
+        for name, child in diffusion.named_children():
+            if isinstance(child, torch.nn.ModuleList):
+                counts[name] = len(child)
+    return build_card(mro, config, sampling_classes, counts)
+
+
+def installed_chain(model) -> InterceptorChain | None:
+    """The chain an Apply Interceptors node already put on this model, if any."""
+    return model.model_options.get("transformer_options", {}).get(CHAIN_KEY)
+
+
+def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, cache_on_cpu: bool = False,
+            on_run_end: Callable | None = None, on_evaluation: Callable | None = None):
+    """A clone of ``model`` that runs ``chain`` on every sampling run. ``model`` is never modified.
+
+    Validation against the model happens first, so a refused chain leaves nothing half-applied.
+    ``on_run_end(run, summary)`` and ``on_evaluation(run, ev)`` receive what each run did.
+    """
+    previous = installed_chain(model)
+    if previous is not None and not previous.empty:
+        raise ValueError(
+            "This model already runs an interceptor chain (from an Apply Interceptors node): connect the "
+            "caching nodes to one place only, either Apply Interceptors or the sampler's 'interceptors' input.")
+    card = model_card(model)
+    chain.validate_for(card, allow_distilled=allow_distilled)
+    patched = model.clone()
+    patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
+    observers = [NaNWatch()]
+    if on_evaluation is not None:
+        observers.append(_EvaluationHook(on_evaluation))
+
+    def outer_sample(executor, *args, **kwargs):
+        guider = executor.class_obj
+        sigmas = args[3]
+        sampling = guider.model_patcher.get_model_object("model_sampling")
+        run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
+                        cache_device="cpu" if cache_on_cpu else None, observers=observers)
+        run.card = card
+        options = guider.model_options.setdefault("transformer_options", {})
+        options[STATE_KEY] = run
+        started = time.perf_counter()
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            options.pop(STATE_KEY, None)
+            summary = summarize(run, time.perf_counter() - started)
+            log.info("Cached Sampler: %s", summary.text())
+            if on_run_end is not None:
+                on_run_end(run, summary)
+
+    def predict_noise(executor, x, timestep, model_options, seed):
+        run = model_options.get("transformer_options", {}).get(STATE_KEY)
+        if run is None:
+            return executor(x, timestep, model_options, seed)
+        run.begin_evaluation(float(timestep.flatten()[0]))
+        try:
+            return executor(x, timestep, model_options, seed)
+        finally:
+            run.end_evaluation()
+
+    def apply_model(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options={}, **kw):
+        run = transformer_options.get(STATE_KEY)
+        if run is None:
+            return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
+        forward = run.begin_forward(float(t.flatten()[0]), x.shape[0], tuple(x.shape[1:]), x.dtype,
+                                    transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
+        output = None
+        try:
+            output = model_forward(run, forward, x, t, lambda: executor(
+                x, t, c_concat, c_crossattn, control, transformer_options, **kw))
+            return output
+        finally:
+            run.end_forward(forward, output)
+
+    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
+    patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, predict_noise)
+    patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)
+    decider = chain.decider(Granularity.BLOCKS)
+    if decider is not None:
+        _install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()))
+    return patched
+
+
+class _EvaluationHook:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def on_forward(self, run, forward, output):
+        pass
+
+    def on_evaluation_end(self, run, ev):
+        self.fn(run, ev)
+
+
+def _install_blocks(model, card: ModelCard, plan: BlockPlan) -> None:
+    """Register a block replacement for every block, chaining to any replacement already there."""
+    existing = model.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    for group_name, index, position in card.block_positions():
+        group = next(g for g in card.groups if g.name == group_name)
+        previous = existing.get((group_name, index))
+        model.set_model_patch_replace(_block_replacement(plan, position, group.outputs, previous),
+                                      "dit", group_name, index)
+
+
+def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous):
+    def replacement(args, extra):
+        original = extra["original_block"]
+        if previous is not None:
+            run_block = lambda a: previous(a, {"original_block": original})  # noqa: E731
+        else:
+            run_block = original
+        run = (args.get("transformer_options") or {}).get(STATE_KEY)
+        if run is None:
+            return as_outputs(run_block(args), out_keys)
+        return block_call(run, plan, position, out_keys, args, run_block)
+    replacement.cached_sampler_position = position
+    return replacement

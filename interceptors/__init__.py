@@ -1,0 +1,22 @@
+"""The interceptor core: contracts, chain, per-run loop state and the caching methods.
+
+Plain torch only; nothing here imports ComfyUI, so every piece can be tested on its own.
+"""
+from .adaptive import AdaptiveCache
+from .base import (ChainError, Decider, Estimator, Granularity, Interceptor, InterceptorError,
+                   NonFiniteOutputError, Observer, Role)
+from .cards import ModelCard, build_card
+from .chain import InterceptorChain
+from .dbcache import DBCache, FirstBlockCache
+from .fixed_cadence import FixedCadence
+from .observers import NaNWatch
+from .reuse import ReuseLast
+from .state import BranchKey, Evaluation, Forward, LoopState
+from .stats import RunSummary, summarize
+from .taylorseer import TaylorSeer
+
+__all__ = [
+    "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "Granularity",
+    "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
+    "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "summarize",
+]

@@ -1,0 +1,168 @@
+"""Contracts shared by every interceptor: what it is, what it may touch, and how it is told apart.
+
+An interceptor is an immutable description of one caching behaviour (a frozen dataclass made by a
+config node). Everything it learns while sampling lives in the run's :class:`~.state.LoopState`,
+never on the interceptor itself, so one config can feed any number of samplers and prompts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cards import ModelCard
+    from .state import Evaluation, Forward, LoopState
+
+
+class Granularity(str, Enum):
+    """Where an interceptor works: around the whole model forward, or inside the block stack."""
+
+    MODEL = "model"
+    BLOCKS = "blocks"
+
+
+class Role(str, Enum):
+    """A decider chooses whether to skip; an estimator says what to use instead of a skipped computation."""
+
+    DECIDER = "decider"
+    ESTIMATOR = "estimator"
+
+
+class InterceptorError(ValueError):
+    """A configuration that cannot work. The message names the node, the input and what to change."""
+
+
+class ChainError(InterceptorError):
+    """Two interceptors that cannot be combined, or a chain the model cannot run."""
+
+
+class NonFiniteOutputError(RuntimeError):
+    """A model output (computed or substituted) contained NaN or Inf."""
+
+
+def check_range(node: str, name: str, value: float, low: float | None = None, high: float | None = None) -> None:
+    """Reject an input outside [low, high] with a message naming the node and the input."""
+    if value != value:  # NaN
+        raise InterceptorError(f"{node}: '{name}' is NaN.")
+    if low is not None and value < low:
+        raise InterceptorError(f"{node}: '{name}' must be at least {low}, got {value}.")
+    if high is not None and value > high:
+        raise InterceptorError(f"{node}: '{name}' must be at most {high}, got {value}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Interceptor:
+    """Base of every interceptor.
+
+    Subclasses set the class-level contract (``kind``, ``role``, ``granularity``, ``alters_output``,
+    ``compile_safe``) and add their parameters as dataclass fields. ``node`` names the config node
+    that made it so that every error can point the user at the right place in the graph.
+    """
+
+    kind: ClassVar[str] = "interceptor"
+    display_name: ClassVar[str] = "Interceptor"
+    role: ClassVar[Role] = Role.DECIDER
+    granularity: ClassVar[Granularity | None] = None  # None: works with whatever the decider uses
+    alters_output: ClassVar[bool] = True
+    compile_safe: ClassVar[bool] = True
+
+    node: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def id(self) -> str:
+        return self.kind
+
+    @property
+    def label(self) -> str:
+        """How messages refer to this interceptor: its node if known, else its display name."""
+        return f"'{self.node}'" if self.node else f"'{self.display_name}'"
+
+    def validate(self) -> None:
+        """Raise :class:`InterceptorError` for impossible parameters. Called when the chain is built."""
+
+    def check_model(self, card: "ModelCard") -> list[str]:
+        """Problems running on this model (empty when fine). Called before sampling starts."""
+        return []
+
+    def with_node(self, node: str) -> "Interceptor":
+        return dataclasses.replace(self, node=node)
+
+    def describe(self) -> str:
+        fields = [f for f in dataclasses.fields(self) if f.name != "node"]
+        params = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields)
+        return f"{self.display_name}({params})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decider(Interceptor):
+    """Chooses, once per sampler evaluation, whether the model work it covers is computed or skipped.
+
+    ``signal`` says what the engine must hand to :meth:`decide`:
+    ``"none"`` (schedule only), ``"model_input"`` (the latent entering the model, per branch),
+    ``"probe_residual"`` (residual of the first ``front_blocks`` blocks, per branch) or
+    ``"modulated_input"`` (the timestep-modulated input of block 0, per branch).
+    """
+
+    role: ClassVar[Role] = Role.DECIDER
+    signal: ClassVar[str] = "none"
+
+    start_percent: float = 0.0
+    end_percent: float = 1.0
+
+    # Block-level deciders: blocks that always run before and after the skippable middle.
+    front_blocks: ClassVar[int] = 0
+    back_blocks: ClassVar[int] = 0
+
+    def validate(self) -> None:
+        check_range(self.label, "start_percent", self.start_percent, 0.0, 1.0)
+        check_range(self.label, "end_percent", self.end_percent, 0.0, 1.0)
+        if self.start_percent >= self.end_percent:
+            raise InterceptorError(
+                f"{self.label}: 'start_percent' ({self.start_percent}) must be below 'end_percent' "
+                f"({self.end_percent}); nothing would ever be cached.")
+
+    def blocks(self) -> tuple[int, int]:
+        """(front, back) blocks that always run. Block-level deciders may override with their inputs."""
+        return self.front_blocks, self.back_blocks
+
+    def decide(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None) -> bool:
+        """Return True to compute, False to skip. Window and first/last-step guards are applied before."""
+        raise NotImplementedError
+
+    def computed(self, run: "LoopState", ev: "Evaluation", forward: "Forward",
+                 signals: dict[Any, torch.Tensor] | None, outputs: dict[Any, torch.Tensor] | None = None) -> None:
+        """Told after each computed forward, with that forward's signals (to move anchors) and, at whole-model
+        level, its outputs in epsilon space."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator(Interceptor):
+    """Supplies the value used in place of a skipped computation, from what was observed before.
+
+    Slots are small per-run dicts (one per branch and cached quantity) owned by the LoopState.
+    """
+
+    role: ClassVar[Role] = Role.ESTIMATOR
+    granularity: ClassVar[Granularity | None] = None
+
+    def observe(self, slot: dict, value: torch.Tensor, sigma: float) -> None:
+        raise NotImplementedError
+
+    def ready(self, slot: dict) -> bool:
+        raise NotImplementedError
+
+    def estimate(self, slot: dict, sigma: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Observer:
+    """Read-only hooks. Observers see every evaluation and forward but never change a tensor."""
+
+    def on_forward(self, run: "LoopState", forward: "Forward", output: torch.Tensor) -> None:
+        pass
+
+    def on_evaluation_end(self, run: "LoopState", ev: "Evaluation") -> None:
+        pass

@@ -1,0 +1,149 @@
+"""Model cards: one place that says, per model family, what caching may touch.
+
+A card lists the hook levels a family offers (whole model always; transformer blocks where ComfyUI
+has block-replacement slots), its block layout in execution order, whether it is step-distilled, and
+recommended defaults per method. Cards are plain data: the ComfyUI adapter fills in block counts
+from the loaded model and picks the family by class name.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from .base import Granularity
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockGroup:
+    """One run of blocks that share a ``patches_replace["dit"]`` name, e.g. Flux's 19 ``double_block``s.
+
+    ``attribute`` is the module list on the diffusion model, ``outputs`` the keys the replacement must
+    return (the first one is the image stream the probe measures).
+    """
+
+    name: str
+    attribute: str
+    outputs: tuple[str, ...]
+    count: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    family: str
+    groups: tuple[BlockGroup, ...] = ()
+    teacache: str | None = None      # key into the TeaCache coefficient table
+    magcache: str | None = None      # key into the MagCache ratio table
+    defaults: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCard:
+    name: str                         # what messages call the model, e.g. "Flux (FluxSchnell)"
+    family: str
+    levels: frozenset[Granularity]
+    groups: tuple[BlockGroup, ...] = ()
+    distilled: str | None = None      # why the model counts as step-distilled, or None
+    teacache: str | None = None
+    magcache: str | None = None
+    defaults: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def total_blocks(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def block_positions(self) -> list[tuple[str, int, int]]:
+        """(group name, index within group, position in execution order) for every block."""
+        out, pos = [], 0
+        for g in self.groups:
+            for i in range(g.count):
+                out.append((g.name, i, pos))
+                pos += 1
+        return out
+
+
+def _dit(double_attr="double_blocks", single_attr=None, double_out=("img", "txt"), single_out=("img",)):
+    groups = [BlockGroup("double_block", double_attr, double_out)]
+    if single_attr:
+        groups.append(BlockGroup("single_block", single_attr, single_out))
+    return tuple(groups)
+
+
+FLUX_DEFAULTS = {"dbcache": {"threshold": 0.12}, "teacache": {"threshold": 0.4}, "adaptive": {"threshold": 0.2}}
+VIDEO_DEFAULTS = {"dbcache": {"threshold": 0.10}, "teacache": {"threshold": 0.15}, "adaptive": {"threshold": 0.2}}
+
+# Keyed by the class name of ``model.model`` (comfy.model_base). Block layouts follow the loops in
+# comfy/ldm/*/model.py of ComfyUI v0.8.0 that consult patches_replace["dit"].
+FAMILIES: dict[str, FamilySpec] = {
+    "Flux": FamilySpec("flux", _dit("double_blocks", "single_blocks"), "flux", "flux", FLUX_DEFAULTS),
+    "Flux2": FamilySpec("flux2", _dit("double_blocks", "single_blocks"), None, None, FLUX_DEFAULTS),
+    "Chroma": FamilySpec("chroma", _dit("double_blocks", "single_blocks"), None, "chroma", FLUX_DEFAULTS),
+    "ChromaRadiance": FamilySpec("chroma", _dit("double_blocks", "single_blocks"), None, None, FLUX_DEFAULTS),
+    "HunyuanVideo": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), "hunyuan_video",
+                               "hunyuan_video", VIDEO_DEFAULTS),
+    "HunyuanVideoI2V": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), "hunyuan_video", None,
+                                  VIDEO_DEFAULTS),
+    "HunyuanVideoSkyreelsI2V": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), None, None,
+                                          VIDEO_DEFAULTS),
+    "HunyuanImage21": FamilySpec("hunyuan_image", _dit("double_blocks", "single_blocks"), None, None, FLUX_DEFAULTS),
+    "HunyuanImage21Refiner": FamilySpec("hunyuan_image", _dit("double_blocks", "single_blocks"), None, None,
+                                        FLUX_DEFAULTS),
+    "HunyuanVideo15": FamilySpec("hunyuan_video15", _dit("double_blocks", "single_blocks"), None, None,
+                                 VIDEO_DEFAULTS),
+    "HunyuanVideo15_SR_Distilled": FamilySpec("hunyuan_video15", _dit("double_blocks", "single_blocks"), None,
+                                              None, VIDEO_DEFAULTS),
+    "WAN21": FamilySpec("wan", _dit("blocks", double_out=("img",)), "wan2.1_t2v_1.3B", "wan2.1", VIDEO_DEFAULTS),
+    "WAN22": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "WAN21_Vace": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "WAN21_Camera": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "WAN21_HuMo": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "WAN22_S2V": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "WAN22_Animate": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "QwenImage": FamilySpec("qwen_image", _dit("transformer_blocks"), None, "qwen_image", FLUX_DEFAULTS),
+    "SD3": FamilySpec("sd3", _dit("joint_blocks"), None, None, FLUX_DEFAULTS),
+    "LTXV": FamilySpec("ltxv", _dit("transformer_blocks", double_out=("img",)), "ltxv", None, VIDEO_DEFAULTS),
+    "AuraFlow": FamilySpec("auraflow", _dit("double_layers", "single_layers"), None, None, FLUX_DEFAULTS),
+    # Kandinsky 5 has block slots, but in ComfyUI v0.8.0 its block_wrap calls the block with a keyword the
+    # block does not accept (``x=``), so any replacement crashes: whole-model level only.
+    "Kandinsky5": FamilySpec("kandinsky5", (), None, None, VIDEO_DEFAULTS),
+    "Kandinsky5Image": FamilySpec("kandinsky5", (), None, None, FLUX_DEFAULTS),
+}
+
+# supported_models config classes that ComfyUI itself knows to be step-distilled.
+DISTILLED_CONFIGS: dict[str, str] = {
+    "FluxSchnell": "Flux schnell, a 1-4 step distilled model",
+    "HunyuanVideo15_SR_Distilled": "HunyuanVideo 1.5 SR distilled",
+    "ZImage": "Z-Image Turbo, an 8-step distilled model",
+}
+# model_sampling classes (set by ModelSamplingDiscrete "lcm" and friends) that mark distillation.
+DISTILLED_SAMPLING: dict[str, str] = {
+    "ModelSamplingDiscreteDistilled": "an LCM-distilled sampling patch",
+    "LCM": "an LCM-distilled sampling patch",
+}
+
+
+def build_card(model_class: str | tuple[str, ...], config_class: str = "", sampling_classes: tuple[str, ...] = (),
+               group_counts: Mapping[str, int] | None = None, block_hooks: bool = True) -> ModelCard:
+    """The card for a model, from the names ComfyUI gives its parts.
+
+    ``model_class`` is the class name of ``model.model`` or its whole MRO (most derived first).
+    ``group_counts`` maps a block group's attribute name to the number of blocks found on the loaded
+    model; a family without counts (or without block hooks) is offered at whole-model level only.
+    """
+    mro = (model_class,) if isinstance(model_class, str) else tuple(model_class)
+    model_class = mro[0]
+    # Variants ComfyUI adds later subclass a known family: use the closest known ancestor.
+    spec = next((FAMILIES[c] for c in mro if c in FAMILIES), None)
+    name = model_class if not config_class or config_class == model_class else f"{model_class} ({config_class})"
+    distilled = DISTILLED_CONFIGS.get(config_class)
+    for cls in sampling_classes:
+        distilled = distilled or DISTILLED_SAMPLING.get(cls)
+    if spec is None:
+        return ModelCard(name, model_class.lower(), frozenset({Granularity.MODEL}), distilled=distilled)
+    counts = group_counts or {}
+    groups = tuple(dataclasses.replace(g, count=int(counts.get(g.attribute, 0))) for g in spec.groups)
+    groups = tuple(g for g in groups if g.count > 0)
+    levels = {Granularity.MODEL}
+    if groups and block_hooks:
+        levels.add(Granularity.BLOCKS)
+    return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache,
+                     spec.defaults)

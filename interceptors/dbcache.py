@@ -1,0 +1,84 @@
+"""DBCache (Dual Block Cache) and its First Block Cache preset.
+
+The first ``Fn`` blocks always run and act as the probe; the last ``Bn`` always run and refine the
+approximated state; the blocks in between are skipped while the relative L1 change of the probe's
+residual since the last fully computed step stays under the threshold. From vipshop/cache-dit
+(``docs/user_guide/DBCACHE_DESIGN.md``); Fn=1, Bn=0 is First Block Cache (chengzeyi/ParaAttention,
+Comfy-WaveSpeed).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from .base import Decider, Granularity, InterceptorError, check_range
+from .metrics import relative_l1
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cards import ModelCard
+
+
+@dataclasses.dataclass(frozen=True)
+class DBCache(Decider):
+    kind = "dbcache"
+    display_name = "DBCache"
+    granularity = Granularity.BLOCKS
+    signal = "probe_residual"
+
+    front: int = 1
+    back: int = 0
+    threshold: float = 0.12
+    warmup: float = 0.1
+    max_cached_steps: int = -1
+    max_consecutive_cached: int = 3
+
+    def validate(self) -> None:
+        super().validate()
+        if self.front < 1:
+            raise InterceptorError(f"{self.label}: 'Fn' must be at least 1: the first block is the probe.")
+        if self.back < 0:
+            raise InterceptorError(f"{self.label}: 'Bn' must be 0 or more, got {self.back}.")
+        check_range(self.label, "threshold", self.threshold, 0.0)
+        check_range(self.label, "warmup", self.warmup, 0.0, 1.0)
+        check_range(self.label, "max_cached_steps", self.max_cached_steps, -1)
+        check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
+
+    def blocks(self) -> tuple[int, int]:
+        return self.front, self.back
+
+    def check_model(self, card: "ModelCard") -> list[str]:
+        total = card.total_blocks
+        if Granularity.BLOCKS in card.levels and self.front + self.back >= total:
+            return [f"{self.label}: Fn ({self.front}) + Bn ({self.back}) must leave blocks to cache, but "
+                    f"{card.name} has {total} blocks. Lower Fn or Bn."]
+        return []
+
+    def decide(self, run, ev, signals) -> bool:
+        if self.threshold <= 0 or ev.progress < self.warmup or not signals:
+            return True
+        shared = run.shared[self.id]
+        if 0 <= self.max_cached_steps <= shared.get("skips", 0):
+            return True
+        if 0 <= self.max_consecutive_cached <= shared.get("consecutive_skips", 0):
+            return True
+        anchors = {k: run.branch_state(self.id, k).get("anchor") for k in signals}
+        diff = relative_l1(signals, {k: v for k, v in anchors.items() if v is not None})
+        if diff is None:
+            return True
+        run.report_metric(self, diff, self.threshold)
+        return diff >= self.threshold
+
+    def computed(self, run, ev, forward, signals, outputs=None) -> None:
+        for key, residual in (signals or {}).items():
+            run.branch_state(self.id, key)["anchor"] = residual
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstBlockCache(DBCache):
+    """First Block Cache: DBCache with Fn=1, Bn=0 (its own kind, since users look for it by name)."""
+
+    kind = "fbcache"
+    display_name = "First Block Cache"
+
+    def blocks(self) -> tuple[int, int]:
+        return 1, 0

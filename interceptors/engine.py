@@ -1,0 +1,176 @@
+"""The two places where an interceptor chain meets the model: the whole forward, and the block stack.
+
+Both functions are plain torch. The ComfyUI adapter calls :func:`model_forward` from its
+``APPLY_MODEL`` wrapper and :func:`block_call` from its ``patches_replace["dit"]`` replacements.
+
+Whole-model caches store the prediction in epsilon space, ``(x - denoised) / sigma``: the raw output
+for eps- and flow-models, and a smooth quantity for every other parameterisation, so one cache works
+on every model ComfyUI can sample.
+
+Block caches store the residual of each skippable segment (a run of blocks of one kind), measured
+from a clone of the segment's input, because some models (Flux) add block outputs in place into the
+tensors they pass around. On a skipped step the segment's blocks pass their input through and the
+last one returns ``input + residual``, so additions the model makes between blocks (ControlNet, VACE)
+are counted exactly once.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .base import Granularity
+from .state import Forward, LoopState
+
+
+def _rows_sigma(sigma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return sigma.reshape((sigma.shape[0],) + (1,) * (like.ndim - 1)).to(like.dtype)
+
+
+def to_eps(x: torch.Tensor, denoised: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    return (x - denoised) / _rows_sigma(sigma, x)
+
+
+def from_eps(x: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    return x - eps * _rows_sigma(sigma, x)
+
+
+def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torch.Tensor,
+                  compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Run (or skip) one whole-model forward. ``compute`` runs the real model and returns denoised."""
+    decider = run.chain.decider(Granularity.MODEL)
+    if decider is None or not forward.cacheable or sigma.numel() != x.shape[0] or bool((sigma == 0).any()):
+        return compute()
+    ev = forward.evaluation
+    parts = forward.split(x)
+    signals = parts if decider.signal == "model_input" else None
+    compute_it = run.decide(decider, signals)
+    if not compute_it and all(run.has(k, "output") for k in forward.keys):
+        forward.computed = False
+        forward.model_skipped = True
+        eps = forward.join({k: run.estimate(k, "output", ev.sigma, x) for k in forward.keys})
+        return from_eps(x, eps, sigma)
+    out = compute()
+    outputs = forward.split(to_eps(x, out, sigma))
+    for key, eps in outputs.items():
+        run.store(key, "output", eps, ev.sigma)
+    decider.computed(run, ev, forward, signals, outputs)
+    return out
+
+
+class BlockPlan:
+    """Where the probe ends and which segments of the block stack may be skipped, for one model."""
+
+    def __init__(self, groups: list[tuple[str, int]], front: int, back: int):
+        # groups: (group name, block count) in execution order
+        self.total = sum(n for _, n in groups)
+        self.front = min(front, self.total)
+        self.back = min(back, self.total - self.front)
+        first_group = groups[0][1] if groups else 0
+        self.probe_end = min(self.front, first_group) - 1  # probe measured inside the first group
+        self.segments: list[tuple[int, int]] = []        # (first position, last position)
+        self.segment_of: dict[int, int] = {}
+        pos = 0
+        for _, n in groups:
+            lo, hi = max(pos, self.front), min(pos + n, self.total - self.back) - 1
+            if lo <= hi:
+                self.segments.append((lo, hi))
+                for p in range(lo, hi + 1):
+                    self.segment_of[p] = len(self.segments) - 1
+            pos += n
+
+    @property
+    def skippable(self) -> bool:
+        return bool(self.segments)
+
+
+BLOCK_NAMES = "blocks"  # plugin_state entry: per branch, the streams each segment stored a residual for
+
+
+def _stored(run: LoopState, key, segment: int) -> set:
+    return run.branch_state(BLOCK_NAMES, key).get(segment, set())
+
+
+def _segments_cached(run: LoopState, plan: "BlockPlan", key) -> bool:
+    """Every segment has residuals for this branch (the streams the model really produced)."""
+    return all(_stored(run, key, s) and all(run.has(key, f"{s}.{k}") for k in _stored(run, key, s))
+               for s in range(len(plan.segments)))
+
+
+def as_outputs(result, out_keys: tuple[str, ...]) -> dict:
+    return result if isinstance(result, dict) else {out_keys[0]: result}
+
+
+def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[str, ...], args: dict,
+               run_block: Callable[[dict], dict], modulated_input: Callable[[], torch.Tensor] | None = None) -> dict:
+    """Run (or pass through) one transformer block at ``position`` in execution order."""
+    forward = run.forward
+    decider = run.chain.decider(Granularity.BLOCKS)
+    record = forward.evaluation.record if forward is not None else None
+    if record is not None:
+        record.blocks_total += 1
+    if forward is None or decider is None or not forward.cacheable or not plan.skippable:
+        if record is not None:
+            record.blocks_run += 1
+        return as_outputs(run_block(args), out_keys)
+    stream = out_keys[0]
+    ev = forward.evaluation
+
+    # The probe: the front blocks always run; their residual is the change signal.
+    if position == 0 and decider.signal == "probe_residual" and plan.probe_end >= 0:
+        forward.probe_input = args[stream].clone()
+    if position == 0 and decider.signal == "modulated_input" and modulated_input is not None:
+        forward.signals[decider.id] = forward.split(modulated_input())
+    segment = plan.segment_of.get(position)
+    if segment is None:
+        out = as_outputs(run_block(args), out_keys)
+        record.blocks_run += 1
+        if position == plan.probe_end and forward.probe_input is not None:
+            residual = out[stream] - forward.probe_input
+            forward.probe_input = None
+            forward.signals[decider.id] = forward.split(residual)
+        return out
+
+    first, last = plan.segments[segment]
+    if not forward.block_decided:
+        forward.block_decided = True
+        signals = forward.signals.get(decider.id)
+        compute_it = run.decide(decider, signals)
+        forward.skip_blocks = not compute_it and all(_segments_cached(run, plan, key) for key in forward.keys)
+        if forward.skip_blocks:
+            forward.computed = False
+
+    if position == first:
+        forward.segment_inputs[segment] = {k: args[k].clone() for k in out_keys if args.get(k) is not None}
+
+    if forward.skip_blocks:
+        if position != last:
+            return {k: args[k] for k in out_keys}
+        result = {}
+        for k in out_keys:
+            base = forward.segment_inputs[segment].get(k) if first != last else args.get(k)
+            if base is None or not all(k in _stored(run, key, segment) for key in forward.keys):
+                result[k] = args.get(k)
+                continue
+            delta = forward.join({key: run.estimate(key, f"{segment}.{k}", ev.sigma, base) for key in forward.keys})
+            result[k] = base + delta
+        forward.segment_inputs.pop(segment, None)
+        return result
+
+    out = as_outputs(run_block(args), out_keys)
+    record.blocks_run += 1
+    if position == last:
+        inputs = forward.segment_inputs.pop(segment, {})
+        for k, before in inputs.items():
+            after = out.get(k)
+            if after is None or after.shape != before.shape:
+                continue
+            parts = forward.split(after - before)
+            if parts is None:
+                continue
+            for key, value in parts.items():
+                run.store(key, f"{segment}.{k}", value, ev.sigma)
+                run.branch_state(BLOCK_NAMES, key).setdefault(segment, set()).add(k)
+        if segment == len(plan.segments) - 1:
+            decider.computed(run, ev, forward, forward.signals.get(decider.id))
+    return out

@@ -1,0 +1,60 @@
+"""TaylorSeer forecasting: extrapolate a skipped computation from the last computed ones.
+
+Liu et al., "From Reusing to Forecasting: Accelerating Diffusion Models with TaylorSeers" (ICCV 2025,
+arXiv 2503.06923) expand features in a Taylor series built from finite differences between computed
+steps. Step counts are a poor clock in ComfyUI, whose schedules are non-uniform (shift, Karras, beta),
+so the differences here are divided differences in sigma, and the forecast is the polynomial through
+the last ``order + 1`` computed points evaluated at the current sigma (Newton/Lagrange form). It keeps
+``order + 1`` tensors per cached quantity, not one per module as the original does.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .base import Estimator, InterceptorError
+
+
+@dataclasses.dataclass(frozen=True)
+class TaylorSeer(Estimator):
+    kind = "taylorseer"
+    display_name = "TaylorSeer"
+    alters_output = True
+
+    order: int = 1
+
+    def validate(self) -> None:
+        if int(self.order) != self.order or not 0 <= self.order <= 2:
+            raise InterceptorError(f"{self.label}: 'order' must be 0, 1 or 2, got {self.order}.")
+
+    def observe(self, slot: dict, value: torch.Tensor, sigma: float) -> None:
+        points = slot.setdefault("points", [])
+        if points and abs(points[-1][0] - sigma) <= 1e-6 * max(abs(sigma), 1e-6):
+            points[-1] = (sigma, value)  # a repeat at the same sigma (2nd-order samplers): keep the newest
+        else:
+            points.append((sigma, value))
+        del points[:-(self.order + 1)]
+
+    def ready(self, slot: dict) -> bool:
+        return bool(slot.get("points"))
+
+    def estimate(self, slot: dict, sigma: float) -> torch.Tensor:
+        points = slot["points"]
+        weights = lagrange_weights([s for s, _ in points], sigma)
+        out = points[0][1] * weights[0]
+        for (_, value), w in zip(points[1:], weights[1:]):
+            out = out + value * w
+        return out
+
+
+def lagrange_weights(nodes: list[float], at: float) -> list[float]:
+    """Weights w_i with p(at) = sum w_i f(nodes_i) for the interpolating polynomial through ``nodes``."""
+    weights = []
+    for i, si in enumerate(nodes):
+        w = 1.0
+        for j, sj in enumerate(nodes):
+            if i != j:
+                w *= (at - sj) / (si - sj)
+        weights.append(w)
+    return weights

@@ -1,0 +1,115 @@
+"""Interceptor-config nodes: each appends one caching method to a chain. Pure data, no state.
+
+Every node has the same shape (its own widgets, an optional upstream chain, a chain output), so they
+are declared as data and built by :func:`config_node`. New widgets go at the end of a node's list:
+saved workflows store widget values by position.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from comfy_api.latest import io
+
+from ..interceptors import AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, Interceptor, TaylorSeer
+from .common import (CONFIG_CATEGORY, PREFIX, chain_input, chain_output, extend, node_label, percent_inputs,
+                     validation_message)
+
+
+def config_node(name: str, display_name: str, description: str, inputs: list,
+                make: Callable[..., Interceptor]) -> type[io.ComfyNode]:
+    """A config node class: ``make(**widget values)`` builds its interceptor."""
+
+    class ConfigNode(io.ComfyNode):
+        @classmethod
+        def define_schema(cls):
+            return io.Schema(node_id=f"{PREFIX}{name}", display_name=display_name, category=CONFIG_CATEGORY,
+                             description=description, inputs=[*inputs, chain_input()], outputs=[chain_output()],
+                             hidden=[io.Hidden.unique_id])
+
+        @classmethod
+        def validate_inputs(cls, interceptors=None, **values):
+            return validation_message(lambda: make(**values).with_node(display_name))
+
+        @classmethod
+        def execute(cls, interceptors=None, **values) -> io.NodeOutput:
+            node = node_label(display_name, cls.hidden.unique_id)
+            return io.NodeOutput(extend(interceptors, make(**values), node))
+
+    ConfigNode.__name__ = ConfigNode.__qualname__ = f"{name}Node"
+    return ConfigNode
+
+
+def threshold_input(default: float, tooltip: str, maximum: float = 3.0, step: float = 0.01):
+    return io.Float.Input("threshold", default=default, min=0.0, max=maximum, step=step, tooltip=tooltip)
+
+
+def max_consecutive_input(default: int):
+    return io.Int.Input("max_consecutive_cached", default=default, min=-1, max=100, tooltip=(
+        "Never skip more than this many steps in a row (-1: no limit). Low values bound the error of long "
+        "reuse runs."))
+
+
+FixedCadenceNode = config_node(
+    "FixedCadence", "Fixed Cadence",
+    "Computes the model every N-th step and reuses the last computed result in between (or a TaylorSeer "
+    "forecast, if one is chained). Works on every model. The FORA / TaylorSeer schedule (arXiv 2407.01425, "
+    "2503.06923).",
+    [io.Int.Input("interval", default=2, min=1, max=100, tooltip=(
+        "Compute every N-th step; 1 computes every step (no caching), 2 halves the model work.")),
+     *percent_inputs()],
+    lambda interval, start_percent, end_percent: FixedCadence(
+        interval=interval, start_percent=start_percent, end_percent=end_percent))
+
+_DBCACHE_THRESHOLD = ("Relative L1 change of the probe blocks' residual since the last computed step under which "
+                      "the middle blocks are skipped. 0 disables caching (bit-identical output). Flux: 0.08-0.2; "
+                      "Wan/HunyuanVideo: 0.05-0.15.")
+_WARMUP = io.Float.Input("warmup", default=0.1, min=0.0, max=1.0, step=0.01, tooltip=(
+    "Fraction of the steps at the start that are always computed (the image layout is decided there)."))
+_MAX_CACHED = io.Int.Input("max_cached_steps", default=-1, min=-1, max=10000, tooltip=(
+    "At most this many steps skipped in the whole run (-1: no limit)."))
+
+DBCacheNode = config_node(
+    "DBCache", "DBCache",
+    "Dual Block Cache (vipshop/cache-dit): the first Fn blocks always run and probe how much the step changes; "
+    "the last Bn blocks always run and refine; the blocks in between are skipped while the probe's residual "
+    "barely changes. Needs a model with transformer-block hooks (Flux, Wan, HunyuanVideo, Qwen-Image, SD3, ...).",
+    [io.Int.Input("Fn", default=1, min=1, max=200, tooltip="Front blocks that always run; they are the probe."),
+     io.Int.Input("Bn", default=0, min=0, max=200, tooltip="Back blocks that always run after the cached middle."),
+     threshold_input(0.12, _DBCACHE_THRESHOLD, maximum=1.0, step=0.005),
+     _WARMUP, _MAX_CACHED, max_consecutive_input(3), *percent_inputs()],
+    lambda Fn, Bn, threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent: DBCache(
+        front=Fn, back=Bn, threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
+        max_consecutive_cached=max_consecutive_cached, start_percent=start_percent, end_percent=end_percent))
+
+FirstBlockCacheNode = config_node(
+    "FirstBlockCache", "First Block Cache",
+    "First Block Cache (ParaAttention / WaveSpeed FBCache): block 1 always runs and probes the change; all later "
+    "blocks are skipped while its residual barely changes. DBCache with Fn=1, Bn=0.",
+    [threshold_input(0.12, _DBCACHE_THRESHOLD, maximum=1.0, step=0.005),
+     _WARMUP, _MAX_CACHED, max_consecutive_input(3), *percent_inputs()],
+    lambda threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent: FirstBlockCache(
+        threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
+        max_consecutive_cached=max_consecutive_cached, start_percent=start_percent, end_percent=end_percent))
+
+TaylorSeerNode = config_node(
+    "TaylorSeer", "TaylorSeer Forecast",
+    "Forecasts skipped work instead of reusing it stale (TaylorSeer, arXiv 2503.06923): a polynomial in sigma "
+    "through the last computed steps. Chain it with a caching node (DBCache, First Block Cache, Fixed Cadence, "
+    "Adaptive Cache); it decides nothing by itself.",
+    [io.Int.Input("order", default=1, min=0, max=2, tooltip=(
+        "0 reuses the last value; 1 extrapolates linearly (recommended); 2 adds curvature (more aggressive)."))],
+    lambda order: TaylorSeer(order=order))
+
+AdaptiveCacheNode = config_node(
+    "AdaptiveCache", "Adaptive Cache",
+    "EasyCache-style runtime-adaptive cache (arXiv 2507.02860) at whole-model level: predicts how much the "
+    "output would change from how much the input changed and skips the model while the accumulated prediction "
+    "stays under the threshold. Works on every model ComfyUI can sample, without calibration.",
+    [threshold_input(0.1, "Accumulated predicted output change under which steps are skipped. 0 disables "
+                     "caching (bit-identical). 0.05 is cautious, 0.1 balanced, 0.2 fast."),
+     max_consecutive_input(-1), *percent_inputs(0.15, 0.95)],
+    lambda threshold, max_consecutive_cached, start_percent, end_percent: AdaptiveCache(
+        threshold=threshold, max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
+        end_percent=end_percent))
+
+CONFIG_NODES = [FixedCadenceNode, DBCacheNode, FirstBlockCacheNode, TaylorSeerNode, AdaptiveCacheNode]

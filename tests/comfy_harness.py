@@ -1,0 +1,135 @@
+"""Run the pack inside a real ComfyUI, headless: ComfyUI's own custom-node loader, its executor, its models.
+
+ComfyUI is found through ``COMFYUI_PATH``, else the folder above ``custom_nodes/`` when the pack is
+installed there, else ``~/ComfyUI``.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACK_DIR_NAME = "cached-sampler"
+CAPTURED: dict = {}
+
+
+def find_comfyui() -> Path | None:
+    candidates = []
+    if os.environ.get("COMFYUI_PATH"):
+        candidates.append(Path(os.environ["COMFYUI_PATH"]).expanduser())
+    if ROOT.parent.name == "custom_nodes":
+        candidates.append(ROOT.parent.parent)
+    candidates.append(Path.home() / "ComfyUI")
+    for c in candidates:
+        if (c / "main.py").is_file() and (c / "comfy").is_dir():
+            return c.resolve()
+    return None
+
+
+def comfyui_version(path: Path) -> str:
+    try:
+        text = (path / "comfyui_version.py").read_text()
+        return text.split('__version__ = "')[1].split('"')[0]
+    except Exception:
+        return "unknown"
+
+
+class StubServer:
+    """What PromptExecutor and the progress-text channel need from ComfyUI's PromptServer."""
+
+    def __init__(self):
+        self.client_id = None
+        self.last_node_id = None
+        self.last_prompt_id = None
+        self.sockets_metadata = {}
+        self.messages: list[tuple] = []
+        self.progress_texts: list[tuple[str, str]] = []
+
+    def send_sync(self, event, data, sid=None):
+        self.messages.append((event, data))
+
+    def send_progress_text(self, text, node_id, sid=None):
+        self.progress_texts.append((str(node_id), text))
+
+
+class Comfy:
+    """A headless ComfyUI with the pack loaded from a custom_nodes folder by ComfyUI's own loader."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.version = comfyui_version(path)
+        sys.path.insert(0, str(path))
+        from comfy.cli_args import args
+        args.cpu = True
+        args.use_pytorch_cross_attention = True
+        args.disable_all_custom_nodes = False
+        import comfy.model_management  # noqa: F401  (after the CPU flags)
+        import utils.extra_config  # noqa: F401  (before `nodes`, or `utils` resolves to comfy/utils.py)
+        import folder_paths
+        import nodes
+        self.nodes = nodes
+        self.folder_paths = folder_paths
+        self.tmp = Path(tempfile.mkdtemp(prefix="cached-sampler-tests-"))
+        for name in ("output", "temp", "input", "user"):
+            (self.tmp / name).mkdir()
+        folder_paths.set_output_directory(str(self.tmp / "output"))
+        folder_paths.set_temp_directory(str(self.tmp / "temp"))
+        folder_paths.set_input_directory(str(self.tmp / "input"))
+        folder_paths.set_user_directory(str(self.tmp / "user"))
+        custom = self.tmp / "custom_nodes"
+        custom.mkdir()
+        (custom / PACK_DIR_NAME).symlink_to(ROOT, target_is_directory=True)
+        folder_paths.folder_names_and_paths["custom_nodes"] = ([str(custom)], set())
+        self.pack_path = str(custom / PACK_DIR_NAME)
+        logging.getLogger().setLevel(logging.WARNING)
+        asyncio.run(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))
+        self.pack = sys.modules.get(self.pack_path.replace(".", "_x_"))
+        if self.pack is None or "CachedSampler" not in nodes.NODE_CLASS_MAPPINGS:
+            raise RuntimeError("ComfyUI did not load the pack from custom_nodes (see the log for IMPORT FAILED).")
+        self._register_test_nodes()
+        import server
+        self.server = StubServer()
+        server.PromptServer.instance = self.server
+        import execution
+        self.execution = execution
+        self._ids = itertools.count()
+
+    def module(self, name: str):
+        """A module of the pack as ComfyUI imported it, e.g. ``module("comfy_adapter")``."""
+        import importlib
+        return importlib.import_module(f"{self.pack.__name__}.{name}")
+
+    def _register_test_nodes(self):
+        from tiny_nodes import TEST_NODES
+        for name, cls in TEST_NODES.items():
+            self.nodes.NODE_CLASS_MAPPINGS[name] = cls
+
+    def executor(self, cache: bool = True):
+        cache_type = self.execution.CacheType.CLASSIC if cache else self.execution.CacheType.NONE
+        return self.execution.PromptExecutor(self.server, cache_type=cache_type, cache_args={"lru": 0, "ram": 0})
+
+    def run(self, prompt: dict, executor=None, expect_error: bool = False):
+        """Validate and execute an API-format prompt; returns (executor, ui outputs by node id)."""
+        ex = executor or self.executor()
+        pid = str(uuid.uuid4())
+        valid, err, outputs, node_errors = asyncio.run(self.execution.validate_prompt(pid, prompt, None))
+        if not valid:
+            if expect_error:
+                return None, {"error": err, "node_errors": node_errors}
+            raise AssertionError(f"prompt invalid: {err} {node_errors}")
+        self.server.progress_texts.clear()
+        ex.execute(prompt, pid, extra_data={}, execute_outputs=outputs)
+        errors = [m for m in ex.status_messages if m[0] == "execution_error"]
+        if expect_error:
+            return ex, {"error": errors[0][1] if errors else None}
+        if not ex.success:
+            detail = errors[0][1] if errors else ex.status_messages
+            raise AssertionError(f"prompt failed: {detail.get('exception_message') if isinstance(detail, dict) else detail}\n"
+                                 f"{''.join(detail.get('traceback', [])) if isinstance(detail, dict) else ''}")
+        return ex, ex.history_result.get("outputs", {})

@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from comfy_harness import Comfy, comfyui_version, find_comfyui  # noqa: E402
+
+_COMFY = None
+
+
+def pytest_report_header(config):
+    path = find_comfyui()
+    if path is None:
+        return ("!!! NO COMFYUI FOUND (set COMFYUI_PATH, install the pack in ComfyUI/custom_nodes, or put one at "
+                "~/ComfyUI): ALL INTEGRATION TESTS WILL BE SKIPPED !!!")
+    return f"ComfyUI for integration tests: {path} (version {comfyui_version(path)})"
+
+
+@pytest.fixture(scope="session")
+def comfy():
+    global _COMFY
+    if _COMFY is None:
+        path = find_comfyui()
+        if path is None:
+            pytest.skip("no ComfyUI found (COMFYUI_PATH, ../../ when installed in custom_nodes, or ~/ComfyUI)")
+        _COMFY = Comfy(path)
+    return _COMFY

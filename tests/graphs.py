@@ -1,0 +1,41 @@
+"""API-format prompts for the integration tests."""
+from __future__ import annotations
+
+
+def base(family: str, batch: int = 1, latent_seed: int = -1, model_seed: int = 0) -> dict:
+    return {
+        "model": {"class_type": "TestTinyModel", "inputs": {"family": family, "seed": model_seed}},
+        "cond": {"class_type": "TestTinyConditioning", "inputs": {"family": family, "seed": 1, "length": 4}},
+        "latent": {"class_type": "TestTinyLatent", "inputs": {"family": family, "batch": batch, "seed": latent_seed}},
+    }
+
+
+def ksampler_inputs(steps=6, cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0, seed=42, model="model"):
+    return {"model": [model, 0], "seed": seed, "steps": steps, "cfg": cfg, "sampler_name": sampler,
+            "scheduler": scheduler, "positive": ["cond", 0], "negative": ["cond", 1], "latent_image": ["latent", 0],
+            "denoise": denoise}
+
+
+def sampler(prompt: dict, node_type: str = "CachedSampler", key: str = "out", chain: str | None = None,
+            node_id: str = "sampler", **kw) -> dict:
+    inputs = ksampler_inputs(**kw)
+    if chain is not None:
+        inputs["interceptors"] = [chain, 0]
+    prompt[node_id] = {"class_type": node_type, "inputs": inputs}
+    prompt[f"capture_{key}"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": [node_id, 0], "key": key}}
+    return prompt
+
+
+def advanced_inputs(steps=6, cfg=3.0, sampler="euler", scheduler="simple", seed=42, start=0, end=10000,
+                    add_noise="enable", leftover="disable", latent=("latent", 0), model="model"):
+    return {"model": [model, 0], "add_noise": add_noise, "noise_seed": seed, "steps": steps, "cfg": cfg,
+            "sampler_name": sampler, "scheduler": scheduler, "positive": ["cond", 0], "negative": ["cond", 1],
+            "latent_image": list(latent), "start_at_step": start, "end_at_step": end,
+            "return_with_leftover_noise": leftover}
+
+
+def config(prompt: dict, node_id: str, class_type: str, upstream: str | None = None, **inputs) -> str:
+    if upstream is not None:
+        inputs["interceptors"] = [upstream, 0]
+    prompt[node_id] = {"class_type": class_type, "inputs": inputs}
+    return node_id

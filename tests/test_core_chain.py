@@ -1,0 +1,93 @@
+"""The chain's contracts, with torch only."""
+import dataclasses
+
+import pytest
+
+from pack import load_core
+
+ic = load_core()
+
+
+def test_config_is_immutable_and_chain_appends_without_mutating():
+    base = ic.InterceptorChain()
+    fc = ic.FixedCadence(interval=3, node="Fixed Cadence (node 4)")
+    chained = base.then(fc)
+    assert base.empty and len(chained) == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fc.interval = 5
+
+
+def test_duplicate_method_names_both_nodes():
+    a = ic.FixedCadence(node="Fixed Cadence (node 3)")
+    b = ic.FixedCadence(interval=4, node="Fixed Cadence (node 7)")
+    with pytest.raises(ic.ChainError) as e:
+        ic.InterceptorChain.of([a, b])
+    assert "node 3" in str(e.value) and "node 7" in str(e.value)
+
+
+def test_two_deciders_at_one_granularity_conflict_names_both():
+    @dataclasses.dataclass(frozen=True)
+    class OtherModelDecider(ic.Decider):
+        kind = "other"
+        display_name = "Other"
+        granularity = ic.Granularity.MODEL
+
+    with pytest.raises(ic.ChainError) as e:
+        ic.InterceptorChain.of([ic.FixedCadence(node="A (node 1)"), OtherModelDecider(node="B (node 2)")])
+    msg = str(e.value)
+    assert "node 1" in msg and "node 2" in msg and "Keep one" in msg
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(interval=0), "interval"),
+    (dict(interval=2.5), "interval"),
+    (dict(start_percent=0.6, end_percent=0.4), "start_percent"),
+    (dict(start_percent=-0.1), "start_percent"),
+    (dict(end_percent=1.5), "end_percent"),
+])
+def test_impossible_parameters_are_rejected_naming_node_and_input(kwargs, words):
+    with pytest.raises(ic.InterceptorError) as e:
+        ic.InterceptorChain().then(ic.FixedCadence(node="Fixed Cadence (node 9)", **kwargs))
+    assert "node 9" in str(e.value) and words in str(e.value)
+
+
+def test_estimator_without_decider_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Forecast(ic.ReuseLast):
+        kind = "forecast"
+        display_name = "Forecast"
+
+    with pytest.raises(ic.ChainError, match="nothing in the chain skips"):
+        ic.InterceptorChain.of([Forecast(node="Forecast (node 5)")])
+
+
+def test_model_validation_block_level_and_distilled():
+    @dataclasses.dataclass(frozen=True)
+    class BlockDecider(ic.Decider):
+        kind = "blocky"
+        display_name = "Blocky"
+        granularity = ic.Granularity.BLOCKS
+
+    unet = ic.build_card("SDXL", "SDXL")
+    chain = ic.InterceptorChain.of([BlockDecider(node="Blocky (node 2)")])
+    with pytest.raises(ic.ChainError) as e:
+        chain.validate_for(unet)
+    assert "node 2" in str(e.value) and "SDXL" in str(e.value) and "Adaptive Cache" in str(e.value)
+
+    flux = ic.build_card(("Flux", "BaseModel"), "Flux", group_counts={"double_blocks": 2, "single_blocks": 3})
+    assert ic.Granularity.BLOCKS in flux.levels and flux.total_blocks == 5
+    chain.validate_for(flux)
+
+    schnell = ic.build_card("Flux", "FluxSchnell", group_counts={"double_blocks": 2})
+    fixed = ic.InterceptorChain.of([ic.FixedCadence(node="Fixed Cadence (node 3)")])
+    with pytest.raises(ic.ChainError) as e:
+        fixed.validate_for(schnell)
+    assert "distilled" in str(e.value) and "node 3" in str(e.value) and "allow_distilled" in str(e.value)
+    fixed.validate_for(schnell, allow_distilled=True)
+
+
+def test_unknown_model_gets_whole_model_card_and_subclass_inherits_family():
+    card = ic.build_card(("SomethingNew", "BaseModel"))
+    assert card.levels == frozenset({ic.Granularity.MODEL})
+    variant = ic.build_card(("WAN21_SomeVariant", "WAN21", "BaseModel"), group_counts={"blocks": 3})
+    assert variant.family == "wan" and ic.Granularity.BLOCKS in variant.levels

@@ -1,0 +1,151 @@
+"""The engine on hand-made models: what is computed, what is reused, and whose cache is read."""
+import torch
+
+from pack import load_core
+
+ic = load_core()
+from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, model_forward  # noqa: E402
+
+SIGMAS = [1.0, 0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.0]
+
+
+def drive(run, model, x, branches=(1, 0), uuids=("u", "c")):
+    """A minimal sampler: one evaluation per schedule step, one batched forward per evaluation."""
+    outputs = []
+    for sigma in SIGMAS[:-1]:
+        run.begin_evaluation(sigma)
+        batch = torch.cat([x] * len(branches))
+        s = torch.full((batch.shape[0],), sigma)
+        fwd = run.begin_forward(sigma, batch.shape[0], tuple(batch.shape[1:]), batch.dtype, list(branches), list(uuids))
+        out = model_forward(run, fwd, batch, s, lambda: model(batch, s))
+        run.end_forward(fwd, out)
+        run.end_evaluation()
+        outputs.append(out)
+    return outputs
+
+
+class CountingModel:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x, sigma):
+        self.calls += 1
+        return x * (1 - sigma.reshape(-1, 1)) + 0.1 * torch.arange(x.shape[0], dtype=x.dtype).reshape(-1, 1)
+
+
+def test_fixed_cadence_interval_2_computes_half_and_reuses_in_between():
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2)])
+    run = ic.LoopState(chain, SIGMAS)
+    model = CountingModel()
+    drive(run, model, torch.ones(1, 3))
+    # 8 steps: computed at 0, 2, 4, 6 and the last step (7) is always computed
+    assert model.calls == 5
+    assert [not r.skipped for r in run.records] == [True, False, True, False, True, False, True, True]
+    summary = ic.summarize(run)
+    assert summary.evaluations_skipped == 3 and summary.branches["cond"] == (5, 8)
+
+
+def test_interval_1_is_bit_identical_to_no_chain():
+    x = torch.randn(2, 4)
+    plain = drive(ic.LoopState(ic.InterceptorChain(), SIGMAS), CountingModel(), x)
+    cadence = drive(ic.LoopState(ic.InterceptorChain.of([ic.FixedCadence(interval=1)]), SIGMAS), CountingModel(), x)
+    assert all(torch.equal(a, b) for a, b in zip(plain, cadence))
+
+
+def test_branch_caches_never_cross():
+    """Poison the uncond branch's cache: the cond rows of a skipped step must not see it."""
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=100)])
+    run = ic.LoopState(chain, SIGMAS)
+    x = torch.ones(1, 3)
+    run.begin_evaluation(1.0)
+    batch = torch.cat([x, x])
+    fwd = run.begin_forward(1.0, 2, (3,), batch.dtype, [1, 0], ["u", "c"])
+    model_forward(run, fwd, batch, torch.ones(2), lambda: batch * 0.5)
+    run.end_forward(fwd, None)
+    run.end_evaluation()
+    est = run.plugin_state[run.estimator.id]
+    uncond = next(k for k in est if k.branch == 1)
+    est[uncond]["output"]["value"] = torch.full((1, 3), float("nan"))
+    run.begin_evaluation(0.9)
+    fwd = run.begin_forward(0.9, 2, (3,), batch.dtype, [1, 0], ["u", "c"])
+    out = model_forward(run, fwd, batch, torch.full((2,), 0.9), lambda: batch)
+    run.end_forward(fwd, None)
+    assert not fwd.computed
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
+
+
+def test_separate_forwards_share_one_decision_and_missing_cache_computes():
+    """cond and uncond as separate forwards (memory pressure): one decision per evaluation; a branch
+    with no cache yet (it was absent at the anchor) computes instead of borrowing another's."""
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2)])
+    run = ic.LoopState(chain, SIGMAS)
+    x = torch.ones(1, 3)
+    calls = []
+    for i, sigma in enumerate(SIGMAS[:3]):
+        run.begin_evaluation(sigma)
+        present = [(0, "c")] if i == 0 else [(0, "c"), (1, "u")]
+        for branch, uuid in present:
+            fwd = run.begin_forward(sigma, 1, (3,), x.dtype, [branch], [uuid])
+            model_forward(run, fwd, x, torch.full((1,), sigma), lambda: calls.append((i, branch)) or x * 0.5)
+            run.end_forward(fwd, None)
+        run.end_evaluation()
+    # step 1 is a skip step: cond reuses, uncond has no cache and must compute
+    assert (1, 0) not in calls and (1, 1) in calls
+    assert run.records[1].decided_by is not None
+
+
+def test_loop_states_are_independent():
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2)])
+    a, b = ic.LoopState(chain, SIGMAS), ic.LoopState(chain, SIGMAS)
+    drive(a, CountingModel(), torch.ones(1, 2))
+    assert not b.records and not b.plugin_state
+
+
+def test_block_plan_segments():
+    plan = BlockPlan([("double_block", 3), ("single_block", 4)], front=1, back=1)
+    assert plan.segments == [(1, 2), (3, 5)] and plan.probe_end == 0
+    assert BlockPlan([("double_block", 2)], front=2, back=0).segments == []
+    assert BlockPlan([("double_block", 2), ("single_block", 2)], front=3, back=0).probe_end == 1
+
+
+def test_block_skip_uses_cloned_input_even_when_blocks_mutate_in_place():
+    """Flux-style blocks add into their input tensor. The residual must come from a clone of the segment
+    input, and a skipped step must return input + residual exactly once."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class EveryOther(ic.Decider):
+        kind = "every_other"
+        display_name = "Every other"
+        granularity = ic.Granularity.BLOCKS
+
+        def decide(self, run, ev, signals):
+            return ev.index % 2 == 0
+
+    def make_block(weight):
+        def block(args):
+            img = args["img"]
+            img += weight * torch.tanh(img)  # in place, like Flux's img += ...
+            return {"img": img}
+        return block
+
+    blocks = [make_block(w) for w in (0.5, 0.25, 0.125)]
+    plan = BlockPlan([("double_block", 3)], front=1, back=0)
+    run = ic.LoopState(ic.InterceptorChain.of([EveryOther()]), SIGMAS)
+    x0 = torch.randn(1, 4, 2)
+    for i, sigma in enumerate(SIGMAS[:3]):
+        run.begin_evaluation(sigma)
+        fwd = run.begin_forward(sigma, 1, (4, 2), x0.dtype, [0], ["c"])
+        img = x0.clone()
+        for pos, blk in enumerate(blocks):
+            img = block_call(run, plan, pos, ("img",), {"img": img}, blk)["img"]
+        run.end_forward(fwd, img)
+        run.end_evaluation()
+        if i == 0:
+            full = img.clone()
+        if i == 1:
+            assert not fwd.computed
+            assert torch.allclose(img, full, atol=1e-6)  # same input: reused residual reproduces the result
+    stored = run.plugin_state[run.estimator.id]
+    residual = next(iter(stored.values()))["0.img"]["value"]
+    assert residual.abs().sum() > 0
