@@ -2,9 +2,10 @@
 from comfy_api.latest import ComfyExtension, io
 
 from .configs import CONFIG_NODES
+from .demo import DEMO_NODES
 from .sampler import SAMPLER_NODES
 
-NODES: list[type[io.ComfyNode]] = [*SAMPLER_NODES, *CONFIG_NODES]
+NODES: list[type[io.ComfyNode]] = [*SAMPLER_NODES, *CONFIG_NODES, *DEMO_NODES]
 
 
 class CachedSamplerExtension(ComfyExtension):

@@ -102,6 +102,13 @@ def init_weights(diffusion_model, std=0.02):
     return diffusion_model
 
 
+@functools.lru_cache(maxsize=1)
+def _digits_config_class(flux_schnell):
+    """FluxSchnell's sampling settings (multiplier 1, shift 1) under its own name: the digits model is
+    trained for many-step sampling, not step-distilled like Flux schnell."""
+    return type("DigitsFlux", (flux_schnell,), {"__doc__": "Tiny many-step Flux trained on 8x8 digits."})
+
+
 def build_model(unet_config=None, device="cpu", initialise=True):
     """Build a tiny Flux model through ComfyUI's real classes.
 
@@ -114,7 +121,7 @@ def build_model(unet_config=None, device="cpu", initialise=True):
     import comfy.supported_models
 
     config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
-    model_config = comfy.supported_models.FluxSchnell(config)
+    model_config = _digits_config_class(comfy.supported_models.FluxSchnell)(config)
     model_config.set_inference_dtype(torch.float32, None)
     model = model_config.get_model({})
     if initialise:

@@ -1,0 +1,64 @@
+"""Demo nodes for the bundled tiny model: a class-conditional Flux trained on 8x8 digits.
+
+They let the example workflows, the headless demo and the browser test run anywhere in seconds,
+through ComfyUI's real Flux code and sampling loop. Not meant for real images.
+"""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from . import digits_model
+from .common import CATEGORY, PREFIX
+
+
+def parse_digits(text: str, node: str) -> list[int]:
+    labels = [int(c) for c in text if c.isdigit()]
+    if not labels or any(c not in "0123456789, " for c in text):
+        raise ValueError(f"{node}: 'digits' must list digits 0-9, e.g. \"0123456789\"; got {text!r}.")
+    return labels
+
+
+class DigitsModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=f"{PREFIX}DigitsModel",
+            display_name="Tiny Digits Model (demo)",
+            category=f"{CATEGORY}/demo",
+            description=("Loads the pack's bundled tiny Flux model (2.3M parameters, trained on 8x8 handwritten "
+                         "digits) with class conditioning and an empty latent: a complete text-to-image setup "
+                         "that samples in a fraction of a second on a CPU, for trying caching settings."),
+            inputs=[io.String.Input("digits", default="0123456789", tooltip=(
+                "Which digits to draw, one image each (the batch), e.g. \"0123456789\" or \"777\"."))],
+            outputs=[io.Model.Output(display_name="MODEL", tooltip="The tiny Flux model."),
+                     io.Conditioning.Output(display_name="positive", tooltip="Class conditioning per image."),
+                     io.Conditioning.Output(display_name="negative", tooltip="Unconditional (for CFG)."),
+                     io.Latent.Output(display_name="LATENT", tooltip="An empty latent, one per digit.")],
+        )
+
+    @classmethod
+    def execute(cls, digits: str) -> io.NodeOutput:
+        labels = parse_digits(digits, "Tiny Digits Model (demo)")
+        positive, negative = digits_model.class_conditioning(labels)
+        latent = {"samples": digits_model.empty_latent(len(labels))}
+        return io.NodeOutput(digits_model.load_model(), positive, negative, latent)
+
+
+class DigitsDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=f"{PREFIX}DigitsDecode",
+            display_name="Tiny Digits Decode (demo)",
+            category=f"{CATEGORY}/demo",
+            description="Turns latents of the tiny digits model into images (its 'VAE' is a fixed linear map).",
+            inputs=[io.Latent.Input("samples", tooltip="Latents sampled with the tiny digits model.")],
+            outputs=[io.Image.Output(tooltip="One 64x64 image per latent.")],
+        )
+
+    @classmethod
+    def execute(cls, samples) -> io.NodeOutput:
+        return io.NodeOutput(digits_model.decode(samples["samples"].float()))
+
+
+DEMO_NODES = [DigitsModel, DigitsDecode]
