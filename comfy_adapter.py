@@ -122,7 +122,9 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)
     decider = chain.decider(Granularity.BLOCKS)
     if decider is not None:
-        _install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()))
+        modulated = _modulated_input(card, patched) if decider.signal == "modulated_input" else None
+        _install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()),
+                        modulated)
     return patched
 
 
@@ -137,17 +139,45 @@ class _EvaluationHook:
         self.fn(run, ev)
 
 
-def _install_blocks(model, card: ModelCard, plan: BlockPlan) -> None:
+def _modulated_input(card: ModelCard, model):
+    """TeaCache's signal for this family: block 0's timestep-modulated input, computed from the block's own
+    modules on the arguments the model hands the block (before the block runs and changes them)."""
+    first = getattr(model.model.diffusion_model, card.groups[0].attribute)[0]
+    if card.family in ("flux", "chroma", "hunyuan_video"):
+        from comfy.ldm.flux.layers import apply_mod
+
+        def flux_like(args):
+            vec = args["vec"]
+            mod = first.img_mod(vec)[0] if getattr(first, "modulation", True) else vec[0][0]
+            return apply_mod(first.img_norm1(args["img"]), 1 + mod.scale, mod.shift, args.get("modulation_dims_img"))
+        return flux_like
+    if card.family == "ltxv":
+        from comfy.ldm.common_dit import rms_norm
+
+        def ltxv(args):
+            x, t = args["img"], args["vec"]
+            table = first.scale_shift_table
+            shift, scale = (table[None, None].to(x) + t.reshape(x.shape[0], t.shape[1], table.shape[0], -1)).unbind(2)[:2]
+            normed = rms_norm(x)
+            return normed + normed * scale + shift
+        return ltxv
+    if card.family == "wan":
+        return lambda args: args["vec"]  # e0, the projected timestep embedding TeaCache's Wan fit uses
+    return None
+
+
+def _install_blocks(model, card: ModelCard, plan: BlockPlan, modulated=None) -> None:
     """Register a block replacement for every block, chaining to any replacement already there."""
     existing = model.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
     for group_name, index, position in card.block_positions():
         group = next(g for g in card.groups if g.name == group_name)
         previous = existing.get((group_name, index))
-        model.set_model_patch_replace(_block_replacement(plan, position, group.outputs, previous),
-                                      "dit", group_name, index)
+        model.set_model_patch_replace(
+            _block_replacement(plan, position, group.outputs, previous, modulated if position == 0 else None),
+            "dit", group_name, index)
 
 
-def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous):
+def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous, modulated=None):
     def replacement(args, extra):
         original = extra["original_block"]
         if previous is not None:
@@ -157,6 +187,7 @@ def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...]
         run = (args.get("transformer_options") or {}).get(STATE_KEY)
         if run is None:
             return as_outputs(run_block(args), out_keys)
-        return block_call(run, plan, position, out_keys, args, run_block)
+        signal = (lambda: modulated(args)) if modulated is not None else None
+        return block_call(run, plan, position, out_keys, args, run_block, signal)
     replacement.cached_sampler_position = position
     return replacement

@@ -9,14 +9,17 @@ from .cards import ModelCard, build_card
 from .chain import InterceptorChain
 from .dbcache import DBCache, FirstBlockCache
 from .fixed_cadence import FixedCadence
+from .magcache import MagCache, MagnitudeRecorder, recorded_ratios
 from .observers import NaNWatch
+from .planned import Plan, PlannedSchedule, Recorder, calibrate, latent_psnr, recorded_trajectory
 from .reuse import ReuseLast
 from .state import BranchKey, Evaluation, Forward, LoopState
 from .stats import RunSummary, summarize
 from .taylorseer import TaylorSeer
+from .teacache import TeaCache
 
 __all__ = [
-    "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "Granularity",
+    "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "latent_psnr", "recorded_trajectory", "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "Granularity",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "summarize",
 ]

@@ -171,6 +171,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
             for key, value in parts.items():
                 run.store(key, f"{segment}.{k}", value, ev.sigma)
                 run.branch_state(BLOCK_NAMES, key).setdefault(segment, set()).add(k)
+                forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
         if segment == len(plan.segments) - 1:
             decider.computed(run, ev, forward, forward.signals.get(decider.id))
     return out

@@ -100,6 +100,7 @@ class Forward:
         self.substituted: set[int] = set()
         self.probe_input: torch.Tensor | None = None
         self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}
+        self.residuals: dict[str, dict[BranchKey, torch.Tensor]] = {}  # block residuals stored this forward
 
     def split(self, tensor: torch.Tensor) -> dict[BranchKey, torch.Tensor] | None:
         """Rows of ``tensor`` per branch key, or None if its batch does not match this forward."""

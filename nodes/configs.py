@@ -10,7 +10,9 @@ from typing import Callable
 
 from comfy_api.latest import io
 
-from ..interceptors import AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, Interceptor, TaylorSeer
+from ..interceptors import AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, Interceptor, MagCache, TaylorSeer, TeaCache
+from ..interceptors import magcache as magcache_method
+from ..interceptors import teacache as teacache_method
 from .common import (CONFIG_CATEGORY, PREFIX, chain_input, chain_output, extend, node_label, percent_inputs,
                      validation_message)
 
@@ -112,4 +114,44 @@ AdaptiveCacheNode = config_node(
         threshold=threshold, max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
         end_percent=end_percent))
 
-CONFIG_NODES = [FixedCadenceNode, DBCacheNode, FirstBlockCacheNode, TaylorSeerNode, AdaptiveCacheNode]
+TeaCacheNode = config_node(
+    "TeaCache", "TeaCache",
+    "TeaCache (arXiv 2411.19108, ali-vilab/TeaCache): skips the transformer blocks while the timestep-modulated "
+    "input of block 0 barely changes, rescaled by the authors' per-model polynomial. For Flux, HunyuanVideo, LTXV "
+    "and Wan 2.1; other models are refused (use Adaptive Cache).",
+    [threshold_input(0.4, "Accumulated rescaled change under which the blocks are skipped. Flux 0.25-0.6; "
+                     "HunyuanVideo 0.1-0.15; LTXV 0.03-0.06; Wan 1.3B 0.05-0.1, 14B 0.1-0.2. 0 disables caching.",
+                     maximum=10.0),
+     io.Combo.Input("model_type", options=list(teacache_method.MODEL_TYPES), tooltip=(
+         "Which published polynomial to use; 'auto' picks it from the model (Wan defaults to the 1.3B fit: "
+         "choose the 14B one for 14B models).")),
+     *percent_inputs()],
+    lambda threshold, model_type, start_percent, end_percent: TeaCache(
+        threshold=threshold, model_type=model_type, start_percent=start_percent, end_percent=end_percent))
+
+
+def _magcache(threshold, K, retention_ratio, model_type, custom_ratios, start_percent, end_percent):
+    ratios = magcache_method.parse_ratios(custom_ratios, "MagCache") if model_type == "custom" else ()
+    return MagCache(threshold=threshold, max_skips=K, retention=retention_ratio, model_type=model_type,
+                    ratios=ratios, start_percent=start_percent, end_percent=end_percent)
+
+
+MagCacheNode = config_node(
+    "MagCache", "MagCache",
+    "MagCache (arXiv 2506.09045, Zehong-Ma/MagCache): skips the transformer blocks while the error predicted from "
+    "the model's magnitude-ratio curve stays small. Published curves for Flux, Chroma, HunyuanVideo and Wan 2.1; "
+    "for any other model run MagCache Calibrate once and use its ratios with model_type 'custom'.",
+    [threshold_input(0.06, "Accumulated |1 - ratio| error under which steps are skipped. Flux 0.1-0.25; Wan 1.3B "
+                     "0.12; HunyuanVideo 0.24. 0 disables caching.", maximum=2.0),
+     io.Int.Input("K", default=2, min=0, max=20, tooltip="At most this many steps skipped in a row."),
+     io.Float.Input("retention_ratio", default=0.2, min=0.0, max=1.0, step=0.01, tooltip=(
+         "Fraction of the steps at the start that are always computed.")),
+     io.Combo.Input("model_type", options=list(magcache_method.MODEL_TYPES), tooltip=(
+         "Which ratio curve to use: 'auto' from the model, a published one, or 'custom' (custom_ratios).")),
+     io.String.Input("custom_ratios", default="", multiline=True, tooltip=(
+         "For model_type 'custom': the comma-separated ratios printed by MagCache Calibrate.")),
+     *percent_inputs()],
+    _magcache)
+
+CONFIG_NODES = [FixedCadenceNode, DBCacheNode, FirstBlockCacheNode, TaylorSeerNode, AdaptiveCacheNode, TeaCacheNode,
+                MagCacheNode]

@@ -1,0 +1,157 @@
+"""MagCache: skip the block stack while the accumulated magnitude-ratio error stays small.
+
+Ma et al., "MagCache: Fast Video Generation with Magnitude-Aware Cache" (NeurIPS 2025,
+arXiv 2506.09045; Zehong-Ma/MagCache). The ratio gamma_t = mean over tokens of |r_t| / |r_{t-1}| of the
+block-stack residual r follows a model-specific curve; skipping from the last computed step costs about
+|1 - prod gamma|, accumulated over consecutive skips. The curve is either a published calibration or
+one recorded from a single uncached run of any model (the MagCache Calibrate node), and is resampled
+to the run's step count.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+from .base import Decider, Granularity, InterceptorError, check_range
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cards import ModelCard
+
+# Calibrated ratios published with Zehong-Ma/ComfyUI-MagCache (first value 1.0 = step 0). Wan curves
+# there interleave cond and uncond; the cond entries are kept.
+_WAN13 = (1.0, 1.0124, 1.00166, 0.99791, 0.99682, 0.99634, 0.99567, 0.99416, 0.99578, 0.9957, 0.99511, 0.99535,
+          0.99552, 0.99541, 0.9954, 0.99489, 0.99518, 0.99484, 0.99481, 0.99415, 0.99419, 0.99396, 0.99388,
+          0.99349, 0.99309, 0.9927, 0.99228, 0.99171, 0.99137, 0.99068, 0.99005, 0.98944, 0.98849, 0.98758,
+          0.98644, 0.98504, 0.9836, 0.98202, 0.97977, 0.97717, 0.9741, 0.97003, 0.96538, 0.9593, 0.95086,
+          0.94013, 0.92402, 0.90241, 0.86821, 0.81838)
+_WAN14 = (1.0, 1.02504, 1.00025, 0.9985, 0.99779, 0.9966, 0.99482, 0.99467, 0.99664, 0.99434, 0.99533, 0.99468,
+          0.99438, 0.99516, 0.99384, 0.99404, 0.99517, 0.99409, 0.99428, 0.99347, 0.99418, 0.99271, 0.99313,
+          0.99215, 0.99218, 0.99216, 0.99163, 0.99138, 0.98982, 0.98996, 0.9887, 0.98772, 0.98767, 0.98573,
+          0.98501, 0.9838, 0.98177, 0.98037, 0.97678, 0.97546, 0.97184, 0.96711, 0.96349, 0.95629, 0.94926,
+          0.93964, 0.92511, 0.90693, 0.8796, 0.86111)
+RATIOS: dict[str, tuple[float, ...]] = {
+    "flux": (1.0, 1.21094, 1.11719, 1.07812, 1.0625, 1.03906, 1.03125, 1.03906, 1.02344, 1.03125, 1.02344, 0.98047,
+             1.01562, 1.00781, 1.0, 1.00781, 1.0, 1.00781, 1.0, 1.0, 0.99609, 0.99609, 0.98047, 0.98828, 0.96484,
+             0.95703, 0.93359, 0.89062),
+    "hunyuan_video": (1.0, 1.0754, 1.27807, 1.11596, 1.09504, 1.05188, 1.00844, 1.05779, 1.00657, 1.04142, 1.03101,
+                      1.00679, 1.02556, 1.00908, 1.06949, 1.05438, 1.02214, 1.02321, 1.03019, 1.00779, 1.03381,
+                      1.01886, 1.01161, 1.02968, 1.00544, 1.02822, 1.00689, 1.02119, 1.0105, 1.01044, 1.01572,
+                      1.02972, 1.0094, 1.02368, 1.0226, 0.98965, 1.01588, 1.02146, 1.0018, 1.01687, 0.99436,
+                      1.00283, 1.01139, 0.97122, 0.98251, 0.94513, 0.97656, 0.90943, 0.85703, 0.75456),
+    "wan2.1_t2v_1.3B": _WAN13,
+    "wan2.1_t2v_14B": _WAN14,
+}
+RATIOS["chroma"] = RATIOS["flux"]  # published as "assumed similar to flux"; calibrate for accuracy
+MODEL_TYPES = ("auto", "custom", *RATIOS)
+
+
+def resample(ratios: tuple[float, ...], steps: int) -> list[float]:
+    """Nearest-neighbour resampling of a ratio curve to ``steps`` entries (MagCache's own rule)."""
+    if steps <= 0:
+        return []
+    n = len(ratios)
+    return [ratios[min(n - 1, round(i * (n - 1) / max(steps - 1, 1)))] for i in range(steps)]
+
+
+def parse_ratios(text: str, node: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.replace("\n", ",").split(",") if v.strip())
+    except ValueError:
+        raise InterceptorError(f"{node}: 'custom_ratios' must be comma-separated numbers (from MagCache Calibrate).")
+    if len(values) < 2 or any(not 0 < v < 10 for v in values):
+        raise InterceptorError(f"{node}: 'custom_ratios' needs at least two positive ratios, got {text[:60]!r}.")
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class MagCache(Decider):
+    kind = "magcache"
+    display_name = "MagCache"
+    granularity = Granularity.BLOCKS
+
+    threshold: float = 0.06
+    max_skips: int = 2
+    retention: float = 0.2
+    model_type: str = "auto"
+    ratios: tuple[float, ...] = ()
+
+    def validate(self) -> None:
+        super().validate()
+        check_range(self.label, "threshold", self.threshold, 0.0)
+        check_range(self.label, "K", self.max_skips, 0)
+        check_range(self.label, "retention_ratio", self.retention, 0.0, 1.0)
+        if self.model_type not in MODEL_TYPES:
+            raise InterceptorError(f"{self.label}: 'model_type' must be one of {', '.join(MODEL_TYPES)}.")
+        if self.model_type == "custom" and len(self.ratios) < 2:
+            raise InterceptorError(f"{self.label}: model_type 'custom' needs 'custom_ratios' from MagCache Calibrate.")
+
+    def curve(self, card: "ModelCard | None") -> tuple[float, ...] | None:
+        if self.ratios:
+            return self.ratios
+        key = self.model_type if self.model_type != "auto" else (card.magcache if card else None)
+        return RATIOS.get(key) if key else None
+
+    def check_model(self, card: "ModelCard") -> list[str]:
+        if self.curve(card) is None:
+            return [f"{self.label}: no published MagCache ratios for {card.name}. Run the MagCache Calibrate node "
+                    f"once and paste its ratios into 'custom_ratios' (model_type 'custom'), or use the Adaptive "
+                    f"Cache node, which needs no calibration."]
+        return []
+
+    def decide(self, run, ev, signals) -> bool:
+        shared = run.shared[self.id]
+        if "curve" not in shared:
+            shared["curve"] = resample(self.curve(run.card) or (1.0,), run.total_steps)
+        if self.threshold <= 0 or ev.progress < self.retention:
+            return True
+        gamma = shared["curve"][min(ev.step, len(shared["curve"]) - 1)]
+        ratio = shared.get("ratio", 1.0) * gamma
+        skips = shared.get("pending", 0) + 1
+        error = shared.get("error", 0.0) + abs(1.0 - ratio)
+        run.report_metric(self, error, self.threshold)
+        if error < self.threshold and skips <= self.max_skips:
+            shared.update(ratio=ratio, pending=skips, error=error)
+            return False
+        return True
+
+    def computed(self, run, ev, forward, signals, outputs=None) -> None:
+        run.shared[self.id].update(ratio=1.0, pending=0, error=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MagnitudeRecorder(Decider):
+    """Computes every step and records MagCache's magnitude ratio of the block-stack residual."""
+
+    kind = "magcache_recorder"
+    display_name = "MagCache calibration"
+    granularity = Granularity.BLOCKS
+    alters_output = False
+
+    def decide(self, run, ev, signals) -> bool:
+        return True
+
+    def computed(self, run, ev, forward, signals, outputs=None) -> None:
+        shared = run.shared[self.id]
+        norms = {}
+        for name, parts in forward.residuals.items():
+            for key, residual in parts.items():
+                if key.branch in (0, None) and key.occurrence == 0:
+                    norms[name] = residual.float().flatten(2).norm(dim=-1) if residual.ndim > 2 else residual.float().norm(dim=-1)
+        last = shared.get("last")
+        if last is not None:
+            ratios = [float((norms[n] / last[n].clamp_min(1e-12)).mean()) for n in norms if n in last
+                      and last[n].shape == norms[n].shape]
+            if ratios:
+                shared.setdefault("ratios", {})[ev.step] = sum(ratios) / len(ratios)
+        shared["last"] = norms
+
+
+def recorded_ratios(run) -> tuple[float, ...]:
+    ratios = run.shared[MagnitudeRecorder.kind].get("ratios", {})
+    return (1.0,) + tuple(round(ratios[s], 5) for s in sorted(ratios))
+
+
+__all__ = ["MagCache", "MagnitudeRecorder", "RATIOS", "MODEL_TYPES", "parse_ratios", "recorded_ratios", "resample",
+           "torch"]

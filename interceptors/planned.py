@@ -1,0 +1,194 @@
+"""Planned schedules: compute exactly the evaluations a plan names, forecast the rest.
+
+The plan comes from :func:`plan_schedule`, which works on one uncached pass of the user's own prompt,
+model and step count (recorded by :class:`Recorder`). Like LeMiCa (arXiv 2511.00090) and MeanCache
+(arXiv 2601.19961) it places the computed steps globally and non-uniformly under a budget, but instead
+of an offline graph over many prompts it scores a candidate plan by the error its forecasts would add
+to the final latent of this very trajectory: for a first-order step ``x += (sigma_next - sigma) * eps``
+a forecast error ``e`` on a skipped evaluation moves the result by ``(sigma_next - sigma) * e``. Greedy
+forward selection then adds, one at a time, the evaluation whose computation removes the most error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import torch
+
+from .base import Decider, Granularity, InterceptorError
+from .taylorseer import lagrange_weights
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedSchedule(Decider):
+    kind = "planned"
+    display_name = "Calibrated Schedule"
+    # psnr: what the calibration measured for this plan on the prompt it was calibrated on
+    granularity = Granularity.MODEL
+
+    compute: tuple[int, ...] = ()
+    evaluations: int = 0
+    steps: int = 0
+    psnr: float = math.inf
+
+    def validate(self) -> None:
+        super().validate()
+        if self.evaluations < 1 or not self.compute:
+            raise InterceptorError(f"{self.label}: the plan is empty; run the calibration first.")
+        if any(not 0 <= i < self.evaluations for i in self.compute):
+            raise InterceptorError(f"{self.label}: the plan names evaluations outside 0..{self.evaluations - 1}.")
+
+    def decide(self, run, ev, signals) -> bool:
+        if run.total_steps != self.steps or ev.index >= self.evaluations:
+            run.shared[self.id]["mismatch"] = True
+            return True  # calibrated for another step count or sampler: compute rather than guess
+        return ev.index in self.compute
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorder(Decider):
+    """Computes everything and keeps each evaluation's output (epsilon space) for calibration."""
+
+    kind = "recorder"
+    display_name = "Calibration recorder"
+    granularity = Granularity.MODEL
+    alters_output = False
+
+    def decide(self, run, ev, signals) -> bool:
+        return True
+
+    def computed(self, run, ev, forward, signals, outputs=None) -> None:
+        record = run.shared[self.id].setdefault("evaluations", {})
+        entry = record.setdefault(ev.index, {"sigma": ev.sigma, "parts": {}})
+        for key, value in (outputs or {}).items():
+            entry["parts"][key] = value.detach().to("cpu", torch.float32)
+
+
+def recorded_trajectory(run) -> tuple[list[float], list[torch.Tensor]]:
+    """(sigma per evaluation, output per evaluation with all branches stacked) from a Recorder run."""
+    evaluations = run.shared[Recorder.kind].get("evaluations", {})
+    sigmas, outputs = [], []
+    for index in sorted(evaluations):
+        entry = evaluations[index]
+        sigmas.append(entry["sigma"])
+        parts = entry["parts"]
+        outputs.append(torch.cat([parts[k] for k in sorted(parts, key=lambda k: (str(k.branch), k.occurrence))]))
+    return sigmas, outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    compute: tuple[int, ...]
+    evaluations: int
+    psnr: float
+
+    def describe(self) -> str:
+        steps = ", ".join(str(i + 1) for i in self.compute)
+        return (f"compute {len(self.compute)}/{self.evaluations} evaluations (steps {steps}); "
+                f"latent PSNR {self.psnr:.1f} dB against the uncached pass")
+
+
+def _final_error(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], compute: set[int], order: int,
+                 next_sigmas: Sequence[float]) -> torch.Tensor:
+    """Change of the final latent if only ``compute`` is computed and the rest forecast (first order)."""
+    error = torch.zeros_like(outputs[0])
+    history: list[int] = []
+    for j, sigma in enumerate(sigmas):
+        if j in compute:
+            history.append(j)
+            continue
+        points = history[-(order + 1):]
+        weights = lagrange_weights([sigmas[i] for i in points], sigma)
+        forecast = sum(outputs[i] * w for i, w in zip(points, weights))
+        error += (next_sigmas[j] - sigma) * (forecast - outputs[j])
+    return error
+
+
+def latent_psnr(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """PSNR of ``other`` against ``reference``, peak = the reference's value range."""
+    peak = float(reference.max() - reference.min())
+    mse = float((reference.float() - other.float()).pow(2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+def uniform_plan(n: int, budget: int, warmup: int = 1) -> tuple[int, ...]:
+    """The first ``warmup`` evaluations, the last one, and the rest spread evenly in between."""
+    fixed = set(range(min(warmup, n))) | {n - 1}
+    free = max(budget - len(fixed), 0)
+    lo, hi = min(warmup, n), n - 1
+    picks = {lo + round((hi - lo) * (k + 1) / (free + 1)) - 1 for k in range(free)} if hi > lo else set()
+    plan = fixed | {p for p in picks if lo <= p < hi}
+    candidates = iter(i for i in range(lo, hi) if i not in plan)
+    while len(plan) < min(budget, n):
+        plan.add(next(candidates))
+    return tuple(sorted(plan))
+
+
+def greedy_plans(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], *, order: int = 1,
+                 warmup: int = 1, up_to: int | None = None, sample_size: int = 32768) -> list[tuple[int, ...]]:
+    """Nested plans, one per budget up to ``up_to``, by greedy forward selection on the open-loop forecast
+    error (scored on a fixed subsample of the latent, so large video latents stay cheap)."""
+    n = len(sigmas)
+    flat = [o.flatten() for o in outputs]
+    if flat and flat[0].numel() > sample_size:
+        index = torch.linspace(0, flat[0].numel() - 1, sample_size).long()
+        flat = [f[index] for f in flat]
+    outputs = flat
+    next_sigmas = list(sigmas[1:]) + [0.0]
+    compute = set(range(min(warmup, n))) | {n - 1}
+    plans = [tuple(sorted(compute))]
+
+    def error(candidate: set[int]) -> float:
+        return float(_final_error(sigmas, outputs, candidate, order, next_sigmas).pow(2).mean())
+
+    while len(compute) < min(n, up_to or n):
+        best = min((j for j in range(n) if j not in compute), key=lambda j: error(compute | {j}))
+        compute.add(best)
+        plans.append(tuple(sorted(compute)))
+    return plans
+
+
+def calibrate(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *, order: int = 1,
+              budget: int | None = None, min_psnr: float | None = None, warmup: int = 1) -> Plan:
+    """Pick the plan that meets the target, checking candidates with real cached runs.
+
+    ``measure(compute) -> psnr`` runs the sampler with that plan and returns the PSNR of its result
+    against the uncached pass. The open-loop error above ranks placements cheaply but misses how errors
+    grow along the trajectory, so every candidate is confirmed by ``measure``. ``budget``: exactly that
+    many computed evaluations, the best placement of the candidates (greedy and even spacing).
+    ``min_psnr``: the smallest budget whose best placement reaches the bound (bisection over budgets).
+    """
+    n = len(sigmas)
+    if n == 0:
+        raise InterceptorError("Calibration recorded no model evaluations.")
+    if (budget is None) == (min_psnr is None):
+        raise InterceptorError("Give exactly one target: a budget of computed steps or a minimum PSNR.")
+    floor = min(warmup, n) + (1 if n > warmup else 0)
+    greedy = greedy_plans(sigmas, outputs, order=order, warmup=warmup, up_to=budget)
+    measured: dict[tuple[int, ...], float] = {}
+
+    def best_for(b: int) -> tuple[tuple[int, ...], float]:
+        candidates = {greedy[min(b - floor, len(greedy) - 1)], uniform_plan(n, b, warmup)}
+        for plan in candidates:
+            if plan not in measured:
+                measured[plan] = measure(plan)
+        plan = max(candidates, key=lambda p: measured[p])
+        return plan, measured[plan]
+
+    if budget is not None:
+        if budget < floor:
+            raise InterceptorError(f"A budget of {budget} computed steps is below the {floor} that are always "
+                                   f"computed (the first {min(warmup, n)} and the last).")
+        plan, value = best_for(min(budget, n))
+        return Plan(plan, n, value)
+    lo, hi = floor, n
+    best = (tuple(range(n)), math.inf)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        plan, value = best_for(mid)
+        if value >= min_psnr:
+            best, hi = (plan, value), mid - 1
+        else:
+            lo = mid + 1
+    return Plan(best[0], n, best[1])

@@ -1,0 +1,88 @@
+"""TeaCache: skip the block stack while the timestep-modulated input barely changes.
+
+Liu et al., "Timestep Embedding Tells: It's Time to Cache for Video Diffusion Model" (CVPR 2025,
+arXiv 2411.19108; ali-vilab/TeaCache). The relative L1 change of block 0's modulated input between
+consecutive evaluations is rescaled by a per-model polynomial (fitted offline by the authors against
+the output change) and accumulated; the blocks are skipped while the accumulation stays under the
+threshold. Only models with published polynomials are accepted; everything else is pointed at the
+Adaptive Cache, which needs no per-model fit.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from .base import Decider, Granularity, InterceptorError, check_range
+from .metrics import detach, relative_l1
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cards import ModelCard
+
+# Rescale polynomials, highest power first, as published in ali-vilab/TeaCache (TeaCache4FLUX,
+# TeaCache4HunyuanVideo, TeaCache4LTX-Video, TeaCache4Wan2.1 "use_ret_steps", whose input is the
+# projected timestep embedding e0 that ComfyUI hands Wan's blocks).
+COEFFICIENTS: dict[str, tuple[float, ...]] = {
+    "flux": (498.651651, -283.781631, 55.8554382, -3.82021401, 0.264230861),
+    "hunyuan_video": (733.226126, -401.131952, 67.5869174, -3.14987800, 0.0961237896),
+    "ltxv": (21.4700694, -12.8016453, 2.31279151, 0.792487521, 0.00969274326),
+    "wan2.1_t2v_1.3B": (-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02),
+    "wan2.1_t2v_14B": (-3.03318725e05, 4.90537029e04, -2.65530556e03, 5.87365115e01, -3.15583525e-01),
+    "wan2.1_i2v_480p_14B": (2.57151496e05, -3.54229917e04, 1.40286849e03, -1.35890334e01, 1.32517977e-01),
+}
+MODEL_TYPES = ("auto", *COEFFICIENTS)
+# Families whose block 0 the adapter knows how to read the modulated input from.
+SIGNAL_FAMILIES = ("flux", "chroma", "hunyuan_video", "ltxv", "wan")
+
+
+def rescale(coefficients: tuple[float, ...], x: float) -> float:
+    value = 0.0
+    for c in coefficients:
+        value = value * x + c
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class TeaCache(Decider):
+    kind = "teacache"
+    display_name = "TeaCache"
+    granularity = Granularity.BLOCKS
+    signal = "modulated_input"
+
+    threshold: float = 0.4
+    model_type: str = "auto"
+
+    def validate(self) -> None:
+        super().validate()
+        check_range(self.label, "threshold", self.threshold, 0.0)
+        if self.model_type not in MODEL_TYPES:
+            raise InterceptorError(f"{self.label}: 'model_type' must be one of {', '.join(MODEL_TYPES)}.")
+
+    def coefficients_for(self, card: "ModelCard | None") -> tuple[float, ...] | None:
+        key = self.model_type if self.model_type != "auto" else (card.teacache if card else None)
+        return COEFFICIENTS.get(key) if key else None
+
+    def check_model(self, card: "ModelCard") -> list[str]:
+        if card.family not in SIGNAL_FAMILIES or (self.model_type == "auto" and card.teacache is None):
+            return [f"{self.label}: TeaCache needs a rescale polynomial fitted for the model, and none is published "
+                    f"for {card.name}. Use the Adaptive Cache node (any model, no fitting) or DBCache instead."]
+        return []
+
+    def decide(self, run, ev, signals) -> bool:
+        shared = run.shared[self.id]
+        previous = shared.get("previous")
+        shared["previous"] = detach(signals)
+        coefficients = self.coefficients_for(run.card)
+        if self.threshold <= 0 or not signals or not previous or coefficients is None:
+            return True
+        change = relative_l1(signals, previous)
+        if change is None:
+            return True
+        shared["accumulated"] = shared.get("accumulated", 0.0) + abs(rescale(coefficients, change))
+        run.report_metric(self, shared["accumulated"], self.threshold)
+        return shared["accumulated"] >= self.threshold
+
+    def computed(self, run, ev, forward, signals, outputs=None) -> None:
+        shared = run.shared[self.id]
+        shared["accumulated"] = 0.0
+        if signals and "previous" not in shared:
+            shared["previous"] = detach(signals)
