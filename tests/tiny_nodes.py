@@ -117,3 +117,414 @@ class CountModelWork:
 
 
 TEST_NODES["TestCountModelWork"] = CountModelWork
+
+
+class TinyConditioningPair:
+    """Positive and negative of different text lengths, which ComfyUI cannot batch together when the
+    lengths are far apart: cond and uncond then run as separate forwards."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": (list(tiny_models.FAMILIES),), "pos_length": ("INT", {"default": 4}),
+                             "neg_length": ("INT", {"default": 77})}}
+
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, family, pos_length, neg_length):
+        positive = tiny_models.conditioning(family, batch=1, seed=1, length=pos_length)[0]
+        negative = tiny_models.conditioning(family, batch=1, seed=2, length=neg_length)[1]
+        return positive, negative
+
+
+TEST_NODES["TestTinyConditioningPair"] = TinyConditioningPair
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Nodes for the safety tests (tests/test_safety_*.py).
+# ------------------------------------------------------------------------------------------------------------
+
+def _fresh(cls):
+    """Make a test node re-run on every prompt (ComfyUI compares IS_CHANGED values; NaN never equals itself)."""
+    cls.IS_CHANGED = classmethod(lambda c, **kwargs: float("nan"))
+    return cls
+
+
+@_fresh
+class PassLatent:
+    """Hands its latent on unchanged but re-runs on every prompt, so every node downstream of it re-runs too
+    while nodes that do not depend on it (models, config nodes) stay cached in the executor."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",)}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, samples):
+        return ({"samples": samples["samples"].clone()},)
+
+
+class TinyLatentSized:
+    """A latent of a chosen size and dtype (TestTinyLatent's is fixed at 16x16, float32)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": (list(tiny_models.FAMILIES),), "size": ("INT", {"default": 16}),
+                             "batch": ("INT", {"default": 1}), "seed": ("INT", {"default": 3}),
+                             "dtype": (["float32", "float64", "bfloat16"],)}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, family, size, batch, seed, dtype):
+        import torch
+        samples = tiny_models.latent(family, batch=batch, seed=seed, size=size)["samples"]
+        return ({"samples": samples.to(getattr(torch, dtype))},)
+
+
+class TinyModelDtype:
+    """The tiny model of a family with another inference dtype (the weights ComfyUI computes in)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": (list(tiny_models.FAMILIES),), "seed": ("INT", {"default": 0}),
+                             "dtype": (["bfloat16", "float16", "float32"],)}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    def load(self, family, seed, dtype):
+        import torch
+        import comfy.model_patcher
+        import comfy.supported_models
+        class_name, unet_config, _, _, _ = tiny_models._spec(family)
+        config = getattr(comfy.supported_models, class_name)(dict(unet_config))
+        config.unet_config.update(tiny_models._EXTRA_OVERRIDES.get(family, {}))
+        config.set_inference_dtype(getattr(torch, dtype), None)
+        model = config.get_model({})
+        tiny_models.init_weights(model.diffusion_model, seed)
+        model.eval()
+        cpu = torch.device("cpu")
+        return (comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu),)
+
+
+class LoraPatch:
+    """A seeded rank-4 LoRA on every Linear weight whose name contains ``target``, applied through ComfyUI's
+    own LoRA loader (comfy.sd.load_lora_for_models -> ModelPatcher.add_patches), like LoraLoaderModelOnly."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0}),
+                             "target": ("STRING", {"default": "single_blocks.0."}), "seed": ("INT", {"default": 5})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, strength, target, seed):
+        import torch
+        import comfy.sd
+        gen = torch.Generator().manual_seed(seed)
+        lora = {}
+        for key, weight in model.model.state_dict().items():
+            if not (key.startswith("diffusion_model.") and key.endswith(".weight") and target in key
+                    and weight.ndim == 2):
+                continue
+            name = key[len("diffusion_model."):-len(".weight")]
+            out_f, in_f = weight.shape
+            lora[f"diffusion_model.{name}.lora_up.weight"] = torch.randn(out_f, 4, generator=gen) * 0.3
+            lora[f"diffusion_model.{name}.lora_down.weight"] = torch.randn(4, in_f, generator=gen) * 0.3
+        if not lora:
+            raise ValueError(f"no Linear weight matches {target!r}")
+        patched, _ = comfy.sd.load_lora_for_models(model, None, lora, strength, 0.0)
+        return (patched,)
+
+
+class CaptureModel:
+    """Stores the MODEL it is handed under ``key`` and passes it on (to inspect it after a prompt)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "key": ("STRING", {"default": "model"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "capture"
+    CATEGORY = "testing"
+
+    def capture(self, model, key):
+        CAPTURED[key] = model
+        return (model,)
+
+
+def _branch_rows(x, transformer_options, branch):
+    """Row mask of ``x`` belonging to cond (0) / uncond (1) entries of a batched forward."""
+    import torch
+    order = transformer_options.get("cond_or_uncond") or [0]
+    per = x.shape[0] // len(order)
+    mask = torch.zeros(x.shape[0], dtype=torch.bool)
+    for i, b in enumerate(order):
+        if branch < 0 or b == branch:
+            mask[i * per:(i + 1) * per] = True
+    return mask
+
+
+def _transformer_options(args, kwargs):
+    opts = kwargs.get("transformer_options")
+    if isinstance(opts, dict):
+        return opts
+    for a in reversed(args):
+        if isinstance(a, dict) and "cond_or_uncond" in a:
+            return a
+    return {}
+
+
+@_fresh
+class NaNAt:
+    """Poisons the input of diffusion-model forward number ``at`` (counted from 0 within each sampling run)
+    with NaN in the rows of one CFG branch (0 cond, 1 uncond, -1 all), so the model produces NaN there."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "at": ("INT", {"default": 2, "min": -1}),
+                             "branch": ("INT", {"default": 0, "min": -1, "max": 1})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, at, branch):
+        import comfy.patcher_extension
+        m = model.clone()
+        counter = {"n": 0}
+
+        def outer(executor, *args, **kwargs):
+            counter["n"] = 0
+            return executor(*args, **kwargs)
+
+        def forward(executor, x, *args, **kwargs):
+            n = counter["n"]
+            counter["n"] += 1
+            if n == at:
+                x = x.clone()
+                x[_branch_rows(x, _transformer_options(args, kwargs), branch)] = float("nan")
+            return executor(x, *args, **kwargs)
+
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, "test_nan", outer)
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_nan", forward)
+        return (m,)
+
+
+@_fresh
+class InterruptAt:
+    """Calls ComfyUI's interrupt_current_processing() during diffusion-model forward number ``at`` (from 0):
+    before the forward (block -1) or inside transformer block ``block`` of ``group``, so the run stops with
+    a forward half done. ComfyUI's ops raise InterruptProcessingException at the next layer."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "family": (list(tiny_models.FAMILIES),),
+                             "at": ("INT", {"default": 3, "min": -1}), "group": ("STRING", {"default": "single_block"}),
+                             "block": ("INT", {"default": -1, "min": -1})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, family, at, group, block):
+        import comfy.model_management
+        import comfy.patcher_extension
+        m = model.clone()
+        state = {"n": -1}
+        CAPTURED["interrupt_fired"] = False
+
+        def fire():
+            CAPTURED["interrupt_fired"] = True
+            comfy.model_management.interrupt_current_processing()
+
+        def outer(executor, *args, **kwargs):
+            state["n"] = -1
+            return executor(*args, **kwargs)
+
+        def forward(executor, *args, **kwargs):
+            state["n"] += 1
+            if state["n"] == at and block < 0:
+                fire()
+            return executor(*args, **kwargs)
+
+        def in_block(args, extra):
+            if state["n"] == at:
+                fire()
+            return extra["original_block"](args)
+
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, "test_interrupt", outer)
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_interrupt", forward)
+        if block >= 0:
+            m.set_model_patch_replace(in_block, "dit", group, block)
+        return (m,)
+
+
+class BlockReplace:
+    """Registers a block replacement before any caching node, like other packs do: ``skip`` passes the block's
+    input through, ``scale`` runs the block and scales the image stream it returns."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "group": ("STRING", {"default": "double_block"}),
+                             "index": ("INT", {"default": 1}), "mode": (["skip", "scale"],),
+                             "factor": ("FLOAT", {"default": 0.5})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, group, index, mode, factor):
+        m = model.clone()
+
+        def replacement(args, extra):
+            if mode == "skip":
+                return {k: v for k, v in args.items() if k in ("img", "txt")}
+            out = dict(extra["original_block"](args))
+            out["img"] = out["img"] * factor
+            return out
+
+        m.set_model_patch_replace(replacement, "dit", group, index)
+        return (m,)
+
+
+@_fresh
+class BlockLog:
+    """Records, per diffusion-model forward, how many transformer blocks really ran and which block slots
+    were served by a replacement that is not the pack's (e.g. Skip Layer Guidance's per-pass ``skip``).
+    Apply it to the model before any caching node: its counters then sit under the pack's replacements."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "family": (list(tiny_models.FAMILIES),),
+                             "key": ("STRING", {"default": "blocklog"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, family, key):
+        import comfy.patcher_extension
+        log = CAPTURED[key] = []
+        m = model.clone()
+        groups = tiny_models.block_groups(family)
+
+        def forward(executor, *args, **kwargs):
+            opts = _transformer_options(args, kwargs)
+            slots = opts.get("patches_replace", {}).get("dit", {})
+            foreign = sorted(k for k in slots if not hasattr(slots[k], "cached_sampler_position")
+                             and not getattr(slots[k], "test_block_log", False))
+            log.append({"blocks": 0, "foreign": foreign, "cond_or_uncond": list(opts.get("cond_or_uncond") or [])})
+            return executor(*args, **kwargs)
+
+        def count(args, extra):
+            log[-1]["blocks"] += 1
+            return extra["original_block"](args)
+
+        count.test_block_log = True
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_block_log", forward)
+        for name, n in groups.items():
+            for i in range(n):
+                m.set_model_patch_replace(count, "dit", name, i)
+        return (m,)
+
+
+class TorchCompileBackend:
+    """What ComfyUI's TorchCompileModel node does (comfy_api.torch_helpers.set_torch_compile_wrapper with the
+    node's guard filter), with a backend that works on any CPU quickly (the node only offers inductor and
+    cudagraphs)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "backend": (["eager", "aot_eager"],)}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, backend):
+        import importlib
+        from comfy_api.torch_helpers import set_torch_compile_wrapper
+        node_module = importlib.import_module("comfy_extras.nodes_torch_compile")
+        m = model.clone()
+        set_torch_compile_wrapper(model=m, backend=backend, options={"guard_filter_fn": node_module.skip_torch_compile_dict})
+        return (m,)
+
+
+class TinyFluxControlNet:
+    """A real ComfyUI ControlNet (comfy.controlnet.ControlNet around comfy.ldm.flux.controlnet.ControlNetFlux,
+    the XLabs layout that takes an image hint) with the tiny Flux's sizes and seeded weights. Use it with
+    ComfyUI's ControlNetApplyAdvanced; the hint image is 8x the latent size."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seed": ("INT", {"default": 11})}}
+
+    RETURN_TYPES = ("CONTROL_NET",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    def load(self, seed):
+        import torch
+        import comfy.controlnet
+        import comfy.ldm.flux.controlnet
+        import comfy.ops
+        params = dict(tiny_models._spec("flux")[1])
+        for k in ("image_model", "txt_ids_dims", "yak_mlp", "txt_norm"):
+            params.pop(k, None)
+        model = comfy.ldm.flux.controlnet.ControlNetFlux(operations=comfy.ops.disable_weight_init,
+                                                         dtype=torch.float32, device="cpu", **params)
+        tiny_models.init_weights(model, seed)
+        return (comfy.controlnet.ControlNet(model, load_device=torch.device("cpu"), extra_conds=["y", "guidance"]),)
+
+
+@_fresh
+class HintImage:
+    """A seeded IMAGE (the ControlNet hint)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"size": ("INT", {"default": 128}), "seed": ("INT", {"default": 2})}}
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, size, seed):
+        import torch
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.rand(1, size, size, 3, generator=gen),)
+
+
+class AnyOutput:
+    """Outputs whatever it is given as the wildcard type '*', which ComfyUI lets connect to any input: the way
+    a wrongly typed value can still reach a node's input."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("MODEL",)}}
+
+    RETURN_TYPES = ("*",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, value):
+        return (value,)
+
+
+TEST_NODES.update({
+    "TestPassLatent": PassLatent, "TestTinyLatentSized": TinyLatentSized, "TestTinyModelDtype": TinyModelDtype,
+    "TestLoraPatch": LoraPatch, "TestCaptureModel": CaptureModel, "TestNaNAt": NaNAt,
+    "TestInterruptAt": InterruptAt, "TestBlockReplace": BlockReplace, "TestBlockLog": BlockLog,
+    "TestTorchCompileBackend": TorchCompileBackend, "TestTinyFluxControlNet": TinyFluxControlNet,
+    "TestHintImage": HintImage, "TestAnyOutput": AnyOutput,
+})

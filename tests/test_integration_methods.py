@@ -1,0 +1,195 @@
+"""Every caching method on tiny models of every family, through ComfyUI's executor.
+
+Random-weight models change a lot from step to step, so "skips" here use thresholds far above what a
+real model needs: these tests check plumbing (bit-identity at threshold 0, work really skipped at the
+hooks, finite output, refusals), not quality. Quality is measured on the trained digits model.
+"""
+import pytest
+import torch
+
+import graphs
+import tiny_models
+from tiny_nodes import CAPTURED
+
+BLOCK_FAMILIES = [f for f in tiny_models.FAMILIES if tiny_models.block_groups(f) and f != "flux_schnell"]
+ALL_FAMILIES = [f for f in tiny_models.FAMILIES if f != "flux_schnell"]
+WINDOW = dict(start_percent=0.0, end_percent=1.0)
+
+# name: (node type, inputs that never skip, inputs that skip on random weights, families)
+METHODS = {
+    "dbcache": ("CachedSamplerDBCache",
+                dict(Fn=1, Bn=1, threshold=0.0, warmup=0.0, max_cached_steps=-1, max_consecutive_cached=-1, **WINDOW),
+                dict(Fn=1, Bn=1, threshold=50.0, warmup=0.0, max_cached_steps=-1, max_consecutive_cached=2, **WINDOW),
+                BLOCK_FAMILIES),
+    "fbcache": ("CachedSamplerFirstBlockCache",
+                dict(threshold=0.0, warmup=0.0, max_cached_steps=-1, max_consecutive_cached=-1, **WINDOW),
+                dict(threshold=50.0, warmup=0.0, max_cached_steps=-1, max_consecutive_cached=2, **WINDOW),
+                BLOCK_FAMILIES),
+    "teacache": ("CachedSamplerTeaCache", dict(threshold=0.0, model_type="auto", **WINDOW),
+                 dict(threshold=1e9, model_type="auto", **WINDOW), ["flux", "hunyuan_video", "ltxv", "wan21"]),
+    "magcache": ("CachedSamplerMagCache",
+                 dict(threshold=0.0, K=2, retention_ratio=0.0, model_type="auto", custom_ratios="", **WINDOW),
+                 dict(threshold=100.0, K=2, retention_ratio=0.0, model_type="auto", custom_ratios="", **WINDOW),
+                 ["flux", "chroma", "hunyuan_video", "wan21"]),
+    "adaptive": ("CachedSamplerAdaptiveCache", dict(threshold=0.0, max_consecutive_cached=-1, **WINDOW),
+                 dict(threshold=1e6, max_consecutive_cached=2, **WINDOW), ALL_FAMILIES),
+    "cadence_taylor": ("CachedSamplerFixedCadence", dict(interval=1, **WINDOW), dict(interval=3, **WINDOW),
+                       ALL_FAMILIES),
+}
+CASES = [(m, f) for m, spec in METHODS.items() for f in spec[3]]
+
+
+def _chain(prompt, method, inputs):
+    node_type = METHODS[method][0]
+    last = graphs.config(prompt, "method", node_type, **inputs)
+    if method == "cadence_taylor":
+        last = graphs.config(prompt, "forecast", "CachedSamplerTaylorSeer", upstream=last, order=1)
+    return last
+
+
+def _run_counted(comfy, family, method=None, inputs=None, steps=6, cfg=3.0, batch=1, **kw):
+    prompt = graphs.base(family, batch=batch, latent_seed=5)
+    prompt["count"] = {"class_type": "TestCountModelWork",
+                       "inputs": {"model": ["model", 0], "family": family, "key": "work"}}
+    chain = _chain(prompt, method, inputs) if method else None
+    graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=steps, cfg=cfg, **kw)
+    _, ui = comfy.run(prompt)
+    return CAPTURED["out"].clone(), dict(CAPTURED["work"]), ui
+
+
+@pytest.mark.parametrize("method, family", CASES)
+def test_threshold_zero_is_bit_identical_and_caching_skips_work(comfy, method, family):
+    node_type, never, skips, _ = METHODS[method]
+    ref, ref_work, _ = _run_counted(comfy, family)
+    same, _, _ = _run_counted(comfy, family, method, never)
+    assert torch.equal(ref, same), f"{method} at threshold 0 must be bit-identical on {family}"
+    cached, work, ui = _run_counted(comfy, family, method, skips)
+    assert torch.isfinite(cached).all()
+    measure = "blocks" if tiny_models.block_groups(family) else "forwards"
+    assert work[measure] < ref_work[measure], f"{method} skipped no work on {family}: {work} vs {ref_work}"
+    assert "acted: none" not in ui["sampler"]["text"][0]
+
+
+@pytest.mark.parametrize("method, family", [("dbcache", "lumina2"), ("fbcache", "sdxl"), ("teacache", "qwen_image"),
+                                            ("teacache", "sd15"), ("magcache", "sd3"), ("dbcache", "kandinsky5")])
+def test_methods_refuse_models_they_cannot_run_on(comfy, method, family):
+    prompt = graphs.base(family)
+    chain = _chain(prompt, method, METHODS[method][2])
+    graphs.sampler(prompt, "CachedSampler", chain=chain)
+    _, result = comfy.run(prompt, expect_error=True)
+    message = result["error"]["exception_message"]
+    assert "node method" in message
+    assert any(word in message for word in ("Adaptive Cache", "MagCache Calibrate")), message
+
+
+def _batching_prompt(case):
+    family = "flux"
+    prompt = graphs.base(family, batch=3 if case == "batch3" else 1, latent_seed=5)
+    kw = dict(steps=6, cfg=3.0)
+    if case == "cfg1":
+        kw["cfg"] = 1.0
+    if case == "split":
+        prompt["cond"] = {"class_type": "TestTinyConditioningPair",
+                          "inputs": {"family": family, "pos_length": 4, "neg_length": 77}}
+    if case == "multi_positive":
+        prompt["cond2"] = {"class_type": "TestTinyConditioning", "inputs": {"family": family, "seed": 9, "length": 4}}
+        prompt["combined"] = {"class_type": "ConditioningCombine",
+                              "inputs": {"conditioning_1": ["cond", 0], "conditioning_2": ["cond2", 0]}}
+    if case == "area":
+        prompt["area"] = {"class_type": "ConditioningSetArea", "inputs": {
+            "conditioning": ["cond", 0], "width": 64, "height": 64, "x": 0, "y": 0, "strength": 1.0}}
+        prompt["combined"] = {"class_type": "ConditioningCombine",
+                              "inputs": {"conditioning_1": ["cond", 0], "conditioning_2": ["area", 0]}}
+    if case in ("heun", "dpm_2", "dpmpp_sde", "dpmpp_2s_ancestral"):
+        kw["sampler"] = case
+    if case == "denoise":
+        prompt["latent"]["inputs"]["seed"] = 3
+        kw["denoise"] = 0.6
+    return family, prompt, kw
+
+
+BATCHING = ["cfg1", "split", "multi_positive", "area", "batch3", "heun", "dpm_2", "dpmpp_sde", "dpmpp_2s_ancestral",
+            "denoise"]
+
+
+@pytest.mark.parametrize("method", ["dbcache", "adaptive", "cadence_taylor"])
+@pytest.mark.parametrize("case", BATCHING)
+def test_batching_cases_run_and_skip(comfy, case, method):
+    family, prompt, kw = _batching_prompt(case)
+    prompt["count"] = {"class_type": "TestCountModelWork",
+                       "inputs": {"model": ["model", 0], "family": family, "key": "work"}}
+    chain = _chain(prompt, method, METHODS[method][2])
+    node = graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", **kw)
+    if case in ("multi_positive", "area"):
+        node["sampler"]["inputs"]["positive"] = ["combined", 0]
+    _, ui = comfy.run(prompt)
+    assert torch.isfinite(CAPTURED["out"]).all()
+    assert "acted: none" not in ui["sampler"]["text"][0], ui["sampler"]["text"][0]
+
+
+def test_context_windows_run_and_skip(comfy):
+    import nodes
+    options = nodes.NODE_CLASS_MAPPINGS["ContextWindowsManual"].GET_NODE_INFO_V1()["input"]["required"]
+    schedule = "standard_static"
+    assert schedule in options["context_schedule"][1]["options"]
+    prompt = graphs.base("wan21", latent_seed=5)
+    prompt["latent"]["inputs"]["batch"] = 4
+    prompt["windows"] = {"class_type": "ContextWindowsManual", "inputs": {
+        "model": ["model", 0], "context_length": 2, "context_overlap": 1, "context_schedule": schedule,
+        "context_stride": 1, "closed_loop": False, "fuse_method": "pyramid", "dim": 0, "freenoise": False}}
+    chain = _chain(prompt, "adaptive", METHODS["adaptive"][2])
+    graphs.sampler(prompt, "CachedSampler", chain=chain, model="windows", steps=6)
+    _, ui = comfy.run(prompt)
+    assert torch.isfinite(CAPTURED["out"]).all()
+    assert "acted: none" not in ui["sampler"]["text"][0]
+
+
+@pytest.mark.parametrize("decider", ["cadence", "dbcache"])
+@pytest.mark.parametrize("split", [False, True])
+def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, split):
+    """Poison every cached value of the uncond branch. Against the same run without poison, the cond
+    predictions must be identical at every step and the uncond ones must differ (so the poison was read)."""
+    import dataclasses
+    import nodes
+    ic = comfy.module("interceptors")
+    adapter = comfy.module("comfy_adapter")
+
+    @dataclasses.dataclass(frozen=True)
+    class PoisonUncond(ic.ReuseLast):
+        kind = "poison"
+        display_name = "Poison"
+
+        def observe(self, slot, value, sigma):
+            slot["value"] = value * 7.0 + 3.0 if slot.get("branch") == 1 else value
+
+    def tag_branches(run, ev):
+        for key, slots in run.plugin_state[run.estimator.id].items():
+            for slot in slots.values():
+                slot["branch"] = key.branch
+
+    def run(estimator):
+        first = (ic.FixedCadence(interval=2) if decider == "cadence" else
+                 ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, max_consecutive_cached=1))
+        model = tiny_models.build("flux")
+        seen = []
+
+        def cfg_function(args):
+            seen.append((args["cond_denoised"].clone(), args["uncond_denoised"].clone()))
+            return args["cond"]  # the trajectory depends on the cond branch only
+
+        model.set_model_sampler_cfg_function(cfg_function)
+        patched = adapter.install(model, ic.InterceptorChain.of([first, estimator]), on_evaluation=tag_branches)
+        if split:
+            positive = tiny_models.conditioning("flux", seed=1, length=4)[0]
+            negative = tiny_models.conditioning("flux", seed=2, length=77)[1]
+        else:
+            positive, negative = tiny_models.conditioning("flux", seed=1)
+        nodes.common_ksampler(patched, 1, 8, 3.0, "euler", "simple", positive, negative,
+                              tiny_models.latent("flux", seed=5))
+        return seen
+
+    clean, poisoned = run(ic.ReuseLast()), run(PoisonUncond())
+    assert len(clean) == len(poisoned)
+    assert all(torch.equal(c[0], p[0]) for c, p in zip(clean, poisoned)), "cond saw the uncond branch's cache"
+    assert any(not torch.equal(c[1], p[1]) for c, p in zip(clean, poisoned)), \
+        "the poisoned uncond cache was never read: the test would prove nothing"
