@@ -20,7 +20,6 @@ from typing import Callable
 
 import torch
 
-import comfy.patcher_extension
 from comfy.patcher_extension import WrappersMP
 
 from .interceptors import Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card, summarize

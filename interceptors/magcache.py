@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-import torch
-
 from .base import Decider, Granularity, InterceptorError, check_range
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,5 +151,3 @@ def recorded_ratios(run) -> tuple[float, ...]:
     return (1.0,) + tuple(round(ratios[s], 5) for s in sorted(ratios))
 
 
-__all__ = ["MagCache", "MagnitudeRecorder", "RATIOS", "MODEL_TYPES", "parse_ratios", "recorded_ratios", "resample",
-           "torch"]

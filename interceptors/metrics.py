@@ -1,8 +1,6 @@
 """Small change measures shared by the deciders."""
 from __future__ import annotations
 
-import torch
-
 
 def relative_l1(current: dict, anchor: dict) -> float | None:
     """sum|current - anchor| / sum|anchor| over the branches present in both (None if none is).
@@ -42,4 +40,3 @@ def detach(parts: dict) -> dict:
     return {k: v.detach().clone() for k, v in parts.items()} if parts else {}
 
 
-__all__ = ["relative_l1", "mean_abs", "mean_abs_diff", "detach", "torch"]

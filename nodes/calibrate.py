@@ -11,6 +11,27 @@ from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
 from .sampler import ksampler_inputs
 
 
+def calibration_inputs() -> list:
+    """The sampler inputs of the prompt to calibrate on (KSampler's, plus denoise)."""
+    return [*ksampler_inputs(), io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01, tooltip=(
+        "The amount of denoising applied, as on the sampler the chain will be used with."))]
+
+
+class PromptRunner:
+    """Samples the user's prompt (as KSampler would) with a chain, keeping each run's LoopState."""
+
+    def __init__(self, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image, denoise):
+        self.model = model
+        self.args = (seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image)
+        self.denoise = denoise
+        self.runs = []
+
+    def __call__(self, chain: InterceptorChain) -> dict:
+        patched = comfy_adapter.install(self.model, chain, on_run_end=lambda run, summary: self.runs.append(run))
+        (latent,) = comfy_nodes.common_ksampler(patched, *self.args, denoise=self.denoise)
+        return latent
+
+
 class AutoCalibrate(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -25,9 +46,7 @@ class AutoCalibrate(io.ComfyNode):
                 "forecast (TaylorSeer in sigma). Candidate plans are checked with real cached runs of the same "
                 "prompt. Connect the chain to a Cached Sampler with the same steps and sampler."),
             inputs=[
-                *ksampler_inputs(),
-                io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01, tooltip=(
-                    "The amount of denoising applied, as on the sampler the chain will be used with.")),
+                *calibration_inputs(),
                 io.Combo.Input("target", options=["quality", "budget"], tooltip=(
                     "'quality': meet min_psnr with the fewest computed steps. 'budget': compute exactly "
                     "'budget' steps, placed for the best quality.")),
@@ -49,20 +68,14 @@ class AutoCalibrate(io.ComfyNode):
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise, target, min_psnr, budget, order) -> io.NodeOutput:
         node = node_label("Auto Calibrate", cls.hidden.unique_id)
-        runs = []
-
-        def sample(chain):
-            patched = comfy_adapter.install(model, chain, on_run_end=lambda run, summary: runs.append(run))
-            (out,) = comfy_nodes.common_ksampler(patched, seed, steps, cfg, sampler_name, scheduler, positive,
-                                                 negative, latent_image, denoise=denoise)
-            return out
-
+        sample = PromptRunner(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                              denoise)
         reference = sample(InterceptorChain.of([Recorder(node=node)]))
-        sigmas, outputs = recorded_trajectory(runs[-1])
+        sigmas, outputs = recorded_trajectory(sample.runs[-1])
 
         def plan_chain(compute, psnr=float("inf")):
             return InterceptorChain.of([
-                PlannedSchedule(compute=tuple(compute), evaluations=len(sigmas), steps=runs[0].total_steps,
+                PlannedSchedule(compute=tuple(compute), evaluations=len(sigmas), steps=sample.runs[0].total_steps,
                                 psnr=psnr, node=node),
                 TaylorSeer(order=order, node=node)])
 
@@ -91,9 +104,8 @@ class MagCacheCalibrate(io.ComfyNode):
                          "and step count, so MagCache works on models without a published curve. Outputs a MagCache "
                          "chain using it and the ratios as text (paste them into MagCache's custom_ratios to reuse)."),
             inputs=[
-                *ksampler_inputs(),
-                io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01, tooltip="As on the sampler."),
-                io.Float.Input("threshold", default=0.06, min=0.0, max=2.0, step=0.01, tooltip=(
+                *calibration_inputs(),
+                io.Float.Input("threshold", default=0.06, min=0.0, max=100.0, step=0.01, tooltip=(
                     "MagCache threshold for the output chain.")),
                 io.Int.Input("K", default=2, min=0, max=20, tooltip="At most this many steps skipped in a row."),
                 io.Float.Input("retention_ratio", default=0.2, min=0.0, max=1.0, step=0.01, tooltip=(
@@ -109,12 +121,10 @@ class MagCacheCalibrate(io.ComfyNode):
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise, threshold, K, retention_ratio) -> io.NodeOutput:
         node = node_label("MagCache Calibrate", cls.hidden.unique_id)
-        runs = []
-        patched = comfy_adapter.install(model, InterceptorChain.of([MagnitudeRecorder(node=node)]),
-                                        on_run_end=lambda run, summary: runs.append(run))
-        (latent,) = comfy_nodes.common_ksampler(patched, seed, steps, cfg, sampler_name, scheduler, positive,
-                                                negative, latent_image, denoise=denoise)
-        ratios = recorded_ratios(runs[-1])
+        sample = PromptRunner(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                              denoise)
+        latent = sample(InterceptorChain.of([MagnitudeRecorder(node=node)]))
+        ratios = recorded_ratios(sample.runs[-1])
         text = ", ".join(f"{r:.5f}" for r in ratios)
         chain = InterceptorChain.of([MagCache(threshold=threshold, max_skips=K, retention=retention_ratio,
                                               model_type="custom", ratios=ratios, node=node)])

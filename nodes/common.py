@@ -54,14 +54,3 @@ def as_chain(value, node: str) -> InterceptorChain:
 def extend(upstream, interceptor: Interceptor, node: str) -> InterceptorChain:
     """``upstream`` plus ``interceptor``, validated now so errors name this node before any sampling."""
     return as_chain(upstream, node).then(interceptor.with_node(node))
-
-
-def validation_message(make) -> bool | str:
-    """For ``validate_inputs``: True, or the message of the error building the interceptor raises."""
-    try:
-        make().validate()
-    except InterceptorError as e:
-        return str(e)
-    except (TypeError, ValueError):
-        return True  # linked inputs arrive as None here; execute() validates them
-    return True

@@ -1,7 +1,9 @@
 """Interceptor-config nodes: each appends one caching method to a chain. Pure data, no state.
 
 Every node has the same shape (its own widgets, an optional upstream chain, a chain output), so they
-are declared as data and built by :func:`config_node`. New widgets go at the end of a node's list:
+are declared as data and built by :func:`config_node`. Ranges are checked by ComfyUI when the prompt is
+validated; what needs several inputs (start below end, Fn + Bn against the model) is checked when the
+chain is built, naming the node and the input, before any sampler runs. New widgets go at the end of a node's list:
 saved workflows store widget values by position.
 """
 from __future__ import annotations
@@ -13,8 +15,7 @@ from comfy_api.latest import io
 from ..interceptors import AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, Interceptor, MagCache, TaylorSeer, TeaCache
 from ..interceptors import magcache as magcache_method
 from ..interceptors import teacache as teacache_method
-from .common import (CONFIG_CATEGORY, PREFIX, chain_input, chain_output, extend, node_label, percent_inputs,
-                     validation_message)
+from .common import CONFIG_CATEGORY, PREFIX, chain_input, chain_output, extend, node_label, percent_inputs
 
 
 def config_node(name: str, display_name: str, description: str, inputs: list,
@@ -29,10 +30,6 @@ def config_node(name: str, display_name: str, description: str, inputs: list,
                              hidden=[io.Hidden.unique_id])
 
         @classmethod
-        def validate_inputs(cls, interceptors=None, **values):
-            return validation_message(lambda: make(**values).with_node(display_name))
-
-        @classmethod
         def execute(cls, interceptors=None, **values) -> io.NodeOutput:
             node = node_label(display_name, cls.hidden.unique_id)
             return io.NodeOutput(extend(interceptors, make(**values), node))
@@ -41,7 +38,7 @@ def config_node(name: str, display_name: str, description: str, inputs: list,
     return ConfigNode
 
 
-def threshold_input(default: float, tooltip: str, maximum: float = 3.0, step: float = 0.01):
+def threshold_input(default: float, tooltip: str, maximum: float = 100.0, step: float = 0.01):
     return io.Float.Input("threshold", default=default, min=0.0, max=maximum, step=step, tooltip=tooltip)
 
 
@@ -77,7 +74,7 @@ DBCacheNode = config_node(
     "barely changes. Needs a model with transformer-block hooks (Flux, Wan, HunyuanVideo, Qwen-Image, SD3, ...).",
     [io.Int.Input("Fn", default=1, min=1, max=200, tooltip="Front blocks that always run; they are the probe."),
      io.Int.Input("Bn", default=0, min=0, max=200, tooltip="Back blocks that always run after the cached middle."),
-     threshold_input(0.12, _DBCACHE_THRESHOLD, maximum=1.0, step=0.005),
+     threshold_input(0.12, _DBCACHE_THRESHOLD, step=0.005),
      _WARMUP, _MAX_CACHED, max_consecutive_input(3), *percent_inputs()],
     lambda Fn, Bn, threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent: DBCache(
         front=Fn, back=Bn, threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
@@ -87,7 +84,7 @@ FirstBlockCacheNode = config_node(
     "FirstBlockCache", "First Block Cache",
     "First Block Cache (ParaAttention / WaveSpeed FBCache): block 1 always runs and probes the change; all later "
     "blocks are skipped while its residual barely changes. DBCache with Fn=1, Bn=0.",
-    [threshold_input(0.12, _DBCACHE_THRESHOLD, maximum=1.0, step=0.005),
+    [threshold_input(0.12, _DBCACHE_THRESHOLD, step=0.005),
      _WARMUP, _MAX_CACHED, max_consecutive_input(3), *percent_inputs()],
     lambda threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent: FirstBlockCache(
         threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
@@ -120,8 +117,7 @@ TeaCacheNode = config_node(
     "input of block 0 barely changes, rescaled by the authors' per-model polynomial. For Flux, HunyuanVideo, LTXV "
     "and Wan 2.1; other models are refused (use Adaptive Cache).",
     [threshold_input(0.4, "Accumulated rescaled change under which the blocks are skipped. Flux 0.25-0.6; "
-                     "HunyuanVideo 0.1-0.15; LTXV 0.03-0.06; Wan 1.3B 0.05-0.1, 14B 0.1-0.2. 0 disables caching.",
-                     maximum=10.0),
+                     "HunyuanVideo 0.1-0.15; LTXV 0.03-0.06; Wan 1.3B 0.05-0.1, 14B 0.1-0.2. 0 disables caching."),
      io.Combo.Input("model_type", options=list(teacache_method.MODEL_TYPES), tooltip=(
          "Which published polynomial to use; 'auto' picks it from the model (Wan defaults to the 1.3B fit: "
          "choose the 14B one for 14B models).")),
@@ -142,7 +138,7 @@ MagCacheNode = config_node(
     "the model's magnitude-ratio curve stays small. Published curves for Flux, Chroma, HunyuanVideo and Wan 2.1; "
     "for any other model run MagCache Calibrate once and use its ratios with model_type 'custom'.",
     [threshold_input(0.06, "Accumulated |1 - ratio| error under which steps are skipped. Flux 0.1-0.25; Wan 1.3B "
-                     "0.12; HunyuanVideo 0.24. 0 disables caching.", maximum=2.0),
+                     "0.12; HunyuanVideo 0.24. 0 disables caching."),
      io.Int.Input("K", default=2, min=0, max=20, tooltip="At most this many steps skipped in a row."),
      io.Float.Input("retention_ratio", default=0.2, min=0.0, max=1.0, step=0.01, tooltip=(
          "Fraction of the steps at the start that are always computed.")),

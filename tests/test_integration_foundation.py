@@ -157,3 +157,12 @@ def test_conflicting_chain_fails_before_sampling_naming_both_nodes(comfy):
     message = result["error"]["exception_message"]
     assert "node fc_a" in message and "node fc_b" in message
     assert result["error"]["node_id"] == "fc_b", "raised by the config node, before the sampler ran"
+
+
+def test_out_of_range_widgets_are_rejected_when_the_prompt_is_validated(comfy):
+    prompt = graphs.base("flux")
+    graphs.config(prompt, "fc", "CachedSamplerFixedCadence", interval=0, start_percent=0.0, end_percent=1.0)
+    graphs.sampler(prompt, "CachedSampler", chain="fc")
+    _, result = comfy.run(prompt, expect_error=True)
+    errors = result["node_errors"]["fc"]["errors"]
+    assert errors[0]["type"] == "value_smaller_than_min" and errors[0]["extra_info"]["input_name"] == "interval"

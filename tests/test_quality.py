@@ -6,7 +6,6 @@ claims rest on the small Flux trained by the project.
 import math
 
 import pytest
-import torch
 
 STEPS = 20
 

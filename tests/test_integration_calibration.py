@@ -1,0 +1,59 @@
+"""The calibration nodes through ComfyUI's executor."""
+import torch
+
+import graphs
+from tiny_nodes import CAPTURED
+
+
+def _digits_prompt(steps=12):
+    prompt = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123456789"}}}
+    prompt["count"] = {"class_type": "TestCountModelWork",
+                       "inputs": {"model": ["digits", 0], "family": "flux", "key": "work"}}
+    sampling = {"seed": 3, "steps": steps, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple",
+                "positive": ["digits", 1], "negative": ["digits", 2], "latent_image": ["digits", 3]}
+    return prompt, sampling
+
+
+def test_auto_calibrate_budget_plan_runs_in_the_cached_sampler(comfy):
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 5,
+        "order": 1}}
+    prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
+        "model": ["count", 0], **sampling, "denoise": 1.0, "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
+    prompt["capture_ref"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["calibrate", 1], "key": "ref"}}
+    _, ui = comfy.run(prompt)
+    assert CAPTURED["work"]["forwards"] == 5, "exactly the budget is computed"
+    assert "compute 5/12 evaluations" in ui["calibrate"]["text"][0]
+    ic = comfy.module("interceptors")
+    reported = float(ui["calibrate"]["text"][0].split("latent PSNR ")[1].split(" dB")[0])
+    assert abs(ic.latent_psnr(CAPTURED["ref"], CAPTURED["out"]) - reported) < 0.05
+
+
+def test_plan_for_another_step_count_computes_everything(comfy):
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 4,
+        "order": 1}}
+    prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
+        "model": ["count", 0], **dict(sampling, steps=9), "denoise": 1.0, "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
+    comfy.run(prompt)
+    assert CAPTURED["work"]["forwards"] == 9, "a plan for 12 steps is never applied to 9"
+
+
+def test_magcache_calibrate_makes_magcache_work_on_a_model_without_published_ratios(comfy):
+    prompt = graphs.base("qwen_image", latent_seed=5)
+    inputs = graphs.ksampler_inputs(steps=8)
+    prompt["calibrate"] = {"class_type": "CachedSamplerMagCacheCalibrate", "inputs": {
+        **inputs, "threshold": 100.0, "K": 2, "retention_ratio": 0.0}}
+    prompt["count"] = {"class_type": "TestCountModelWork",
+                       "inputs": {"model": ["model", 0], "family": "qwen_image", "key": "work"}}
+    graphs.sampler(prompt, "CachedSampler", chain="calibrate", model="count", steps=8)
+    _, ui = comfy.run(prompt)
+    ratios = [float(v) for v in ui["calibrate"]["text"][0].split(",")]
+    assert len(ratios) == 8 and ratios[0] == 1.0 and all(r > 0 for r in ratios)
+    blocks = sum(__import__("tiny_models").block_groups("qwen_image").values())
+    assert CAPTURED["work"]["blocks"] < 8 * 2 * blocks, "the calibrated MagCache skipped blocks"
+    assert torch.isfinite(CAPTURED["out"]).all()
