@@ -1,24 +1,59 @@
-"""What the user sees of a run: live progress text on the node, and the summary afterwards."""
+"""What the user sees of a run: live progress text on the node, the summary afterwards, the tuning plot.
+
+The live text and the summary travel over ComfyUI's per-node progress-text channel (shown under the
+node by the frontend); the summary also goes out as the node's UI output (``text`` for any client,
+``cached_sampler`` with the numbers for the pack's web extension). Without a server (headless runs,
+scripts) nothing is sent and nothing fails.
+"""
 from __future__ import annotations
 
 import logging
 
 from ..interceptors import InterceptorChain, LoopState, RunSummary
+from . import plot
 
 log = logging.getLogger("cached_sampler")
 
+# What each decider's reported metric measures (the y axis of the plot, the live text's wording).
+METRIC_NAMES = {
+    "fixed_cadence": "evaluations since last compute",
+    "dbcache": "residual change (relative L1)",
+    "fbcache": "residual change (relative L1)",
+    "adaptive": "accumulated predicted change",
+    "teacache": "accumulated rescaled change",
+    "magcache": "accumulated error",
+}
+DEFAULT_METRIC = "change metric"
+
 
 def send_progress_text(text: str, node_id) -> None:
-    """ComfyUI's per-node progress-text channel; a no-op without a server (headless runs)."""
+    """ComfyUI's per-node progress-text channel; a no-op without a server (headless runs). A failure to
+    send never interrupts sampling."""
     if node_id is None:
         return
     try:
         from server import PromptServer
         server = getattr(PromptServer, "instance", None)
-    except Exception:  # headless or a ComfyUI without the server module
-        return
-    if server is not None and hasattr(server, "send_progress_text"):
-        server.send_progress_text(text, node_id)
+        if server is None or not hasattr(server, "send_progress_text"):
+            return
+        server.send_progress_text(text, node_id, getattr(server, "client_id", None))
+    except Exception as e:  # headless, a ComfyUI without the server module, or a closed connection
+        log.debug("progress text not sent: %s", e)
+
+
+def _name(label: str) -> str:
+    return label.strip("'")
+
+
+def _branches(s: RunSummary) -> list[tuple[str, tuple[int, int]]]:
+    """Per-branch counts, cond first, then uncond, then any others in the order they ran."""
+    order = {"cond": 0, "uncond": 1}
+    items = list(s.branches.items())
+    return sorted(items, key=lambda kv: (order.get(kv[0].split("#")[0], 2), items.index(kv)))
+
+
+def _fraction(value: float) -> str:
+    return f"{value:.0%}"
 
 
 class RunReport:
@@ -33,28 +68,101 @@ class RunReport:
         self.summaries: list[RunSummary] = []
         self.runs: list[LoopState] = []
 
+    # -- naming -------------------------------------------------------------------------------------
+    @property
+    def methods(self) -> str:
+        """The chain as the user built it, by method: 'First Block Cache + TaylorSeer'."""
+        return " + ".join(ic.display_name for ic in self.chain) or "no interceptors"
+
+    @property
+    def metric_name(self) -> str:
+        kinds = {d.kind for d in self.chain.deciders}
+        names = {METRIC_NAMES.get(k, DEFAULT_METRIC) for k in kinds}
+        return names.pop() if len(names) == 1 else DEFAULT_METRIC
+
     def warn(self, message: str) -> None:
         log.warning("%s: %s", self.node, message)
         self.warnings.append(message)
 
-    def evaluation_ended(self, run: LoopState, ev) -> None:
+    # -- live ---------------------------------------------------------------------------------------
+    def progress_text(self, run: LoopState, ev) -> str:
+        """Where the run stands after one evaluation: steps computed/skipped so far and the decision."""
         done = sum(1 for r in run.records if not r.skipped)
-        text = f"step {ev.step + 1}/{ev.total_steps}: computed {done}, skipped {len(run.records) - done}"
-        if ev.record.metric is not None:
-            verdict = "skip" if ev.record.skipped else "compute"
-            text += f" | change {ev.record.metric:.4g} vs threshold {ev.record.threshold:.4g} -> {verdict}"
-        send_progress_text(text, self.node_id)
+        skipped = len(run.records) - done
+        record = ev.record
+        line = (f"step {ev.step + 1}/{ev.total_steps}: {done} computed, {skipped} skipped so far "
+                f"({_fraction(skipped / max(len(run.records), 1))} skipped)")
+        if record.metric is not None and record.threshold is not None:
+            relation = "<" if record.metric < record.threshold else ">="
+            verdict = "skipped" if record.skipped else "computed"
+            decision = f"{self.metric_name} {record.metric:.4g} {relation} threshold {record.threshold:.4g}: {verdict}"
+        elif record.skipped:
+            decision = "skipped"
+        else:
+            decision = "computed (not checked: first, last, warm-up or outside start/end percent)"
+        return f"{self.methods}\n{line}\n{decision}"
+
+    def evaluation_ended(self, run: LoopState, ev) -> None:
+        send_progress_text(self.progress_text(run, ev), self.node_id)
 
     def run_ended(self, run: LoopState, summary: RunSummary) -> None:
         self.runs.append(run)
         self.summaries.append(summary)
         send_progress_text(self.text(), self.node_id)
 
+    # -- summary ------------------------------------------------------------------------------------
+    @staticmethod
+    def run_lines(s: RunSummary) -> list[str]:
+        computed = s.evaluations - s.evaluations_skipped
+        unit = "steps" if s.evaluations == s.steps else f"model evaluations ({s.steps} steps)"
+        branches = ", ".join(f"{name} {done}/{seen}" for name, (done, seen) in _branches(s))
+        lines = [f"computed {computed}/{s.evaluations} {unit}" + (f" ({branches})" if branches else ""),
+                 f"model work saved {_fraction(s.work_saved)}, estimated speedup {s.estimated_speedup:.2f}x, "
+                 f"sampling took {s.seconds:.2f} s"]
+        acted = ", ".join(_name(a) for a in s.acted) if s.acted else "none (nothing was skipped)"
+        lines.append(f"acted: {acted}")
+        return lines
+
     def text(self) -> str:
         if self.chain.empty:
             return "No interceptors connected: plain KSampler."
-        lines = [s.text() for s in self.summaries] or ["(no sampling run)"]
+        lines = [self.methods]
+        if not self.summaries:
+            lines.append("(no sampling run)")
+        for i, s in enumerate(self.summaries):
+            prefix = f"run {i + 1}: " if len(self.summaries) > 1 else ""
+            lines.extend(prefix + line for line in self.run_lines(s))
         return "\n".join(lines + [f"warning: {w}" for w in self.warnings])
 
+    def data(self) -> dict:
+        """The summary's numbers for the web extension (JSON-able)."""
+        runs = []
+        for run, s in zip(self.runs, self.summaries):
+            runs.append({
+                "steps": s.steps, "evaluations": s.evaluations,
+                "computed": s.evaluations - s.evaluations_skipped, "skipped": s.evaluations_skipped,
+                "branches": {name: list(v) for name, v in _branches(s)},
+                "work_saved": round(s.work_saved, 4), "speedup": round(s.estimated_speedup, 3),
+                "seconds": round(s.seconds, 3), "acted": [_name(a) for a in s.acted],
+                "decisions": "".join("s" if r.skipped else "c" for r in run.records),
+            })
+        return {"empty": self.chain.empty, "methods": self.methods,
+                "interceptors": [_name(ic.label) for ic in self.chain], "metric": self.metric_name,
+                "runs": runs, "warnings": list(self.warnings)}
+
     def ui(self) -> dict:
-        return {"text": (self.text(),)}
+        return {"text": (self.text(),), "cached_sampler": (self.data(),)}
+
+    # -- plot ---------------------------------------------------------------------------------------
+    @property
+    def records(self) -> list:
+        return [r for run in self.runs for r in run.records]
+
+    def plot(self):
+        """The tuning plot of every run of this execution (IMAGE tensor)."""
+        if self.chain.empty:
+            return plot.tuning_plot([])
+        heading = f"{self.node}: {self.methods}"
+        if len(self.runs) > 1:
+            heading += f" ({len(self.runs)} runs)"
+        return plot.tuning_plot(self.records, heading=heading, metric_name=self.metric_name)

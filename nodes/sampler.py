@@ -30,6 +30,13 @@ def safety_inputs() -> list:
     ]
 
 
+def plot_output():
+    """The tuning plot, appended after the latent (outputs are positional in saved workflows)."""
+    return io.Image.Output("tuning_plot", display_name="tuning_plot", tooltip=(
+        "Tuning plot: the change metric of every step against the threshold, computed and skipped steps "
+        "marked. Connect a Preview Image to pick a threshold; unused otherwise."))
+
+
 def ksampler_inputs() -> list:
     """KSampler's inputs, with its names, ranges and tooltips, so saved widget values line up."""
     return [
@@ -85,7 +92,7 @@ class CachedSampler(io.ComfyNode):
                 chain_input(),
                 *safety_inputs(),
             ],
-            outputs=[io.Latent.Output(tooltip="The denoised latent.")],
+            outputs=[io.Latent.Output(tooltip="The denoised latent."), plot_output()],
             hidden=[io.Hidden.unique_id],
             not_idempotent=False,
         )
@@ -99,7 +106,7 @@ class CachedSampler(io.ComfyNode):
         patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report)
         (latent,) = comfy_nodes.common_ksampler(patched, seed, steps, cfg, sampler_name, scheduler, positive,
                                                 negative, latent_image, denoise=denoise)
-        return io.NodeOutput(latent, ui=report.ui())
+        return io.NodeOutput(latent, report.plot(), ui=report.ui())
 
 
 class CachedSamplerAdvanced(io.ComfyNode):
@@ -124,7 +131,7 @@ class CachedSamplerAdvanced(io.ComfyNode):
                 chain_input(),
                 *safety_inputs(),
             ],
-            outputs=[io.Latent.Output(tooltip="The denoised latent.")],
+            outputs=[io.Latent.Output(tooltip="The denoised latent."), plot_output()],
             hidden=[io.Hidden.unique_id],
         )
 
@@ -140,7 +147,7 @@ class CachedSamplerAdvanced(io.ComfyNode):
             patched, noise_seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
             denoise=1.0, disable_noise=add_noise == "disable", start_step=start_at_step, last_step=end_at_step,
             force_full_denoise=return_with_leftover_noise != "enable")
-        return io.NodeOutput(latent, ui=report.ui())
+        return io.NodeOutput(latent, report.plot(), ui=report.ui())
 
 
 class ApplyInterceptors(io.ComfyNode):
