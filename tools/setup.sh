@@ -18,3 +18,21 @@ if [ -f "$COMFY/requirements.txt" ]; then
 else
   echo "setup: no ComfyUI at $COMFY (set COMFYUI_PATH); integration tests will be skipped." >&2
 fi
+
+# Real-browser test (tests/test_browser.py): Debian's Chromium and playwright-core (pinned, driver only:
+# it never downloads a browser) in the git-ignored .browser/. Failures here only make that test skip.
+PLAYWRIGHT_CORE_VERSION=1.65.1
+BROWSER_DIR="$(cd "$(dirname "$0")/.." && pwd)/.browser"
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+    || echo "setup: could not install chromium; the browser test will be skipped." >&2
+fi
+if command -v npm >/dev/null 2>&1; then
+  if [ "$(node -p "try{require(process.argv[1]+'/node_modules/playwright-core/package.json').version}catch(e){''}" "$BROWSER_DIR" 2>/dev/null)" != "$PLAYWRIGHT_CORE_VERSION" ]; then
+    mkdir -p "$BROWSER_DIR"
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --prefix "$BROWSER_DIR" --no-save --no-audit --no-fund --silent \
+      "playwright-core@$PLAYWRIGHT_CORE_VERSION" || echo "setup: could not install playwright-core; the browser test will be skipped." >&2
+  fi
+else
+  echo "setup: no node/npm; the browser test will be skipped." >&2
+fi

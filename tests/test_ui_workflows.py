@@ -1,0 +1,192 @@
+"""Example workflows: served by ComfyUI's template endpoint, valid for the server's node definitions,
+and the tiny-model one runs headless with its summary and progress text."""
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import workflow_api  # noqa: E402
+
+EXAMPLES = ROOT / "example_workflows"
+NAMES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
+RUNNABLE = "tiny_digits_tuning_plot"
+
+
+def serve(comfy, paths):
+    """GET each path from a real PromptServer of this ComfyUI (in-process, no socket left open)."""
+    import server
+
+    async def fetch():
+        from aiohttp.test_utils import TestClient, TestServer
+        previous = server.PromptServer.instance
+        try:
+            prompt_server = server.PromptServer(asyncio.get_running_loop())
+            prompt_server.add_routes()
+        finally:
+            server.PromptServer.instance = previous
+        out = {}
+        async with TestClient(TestServer(prompt_server.app)) as client:
+            for path in paths:
+                response = await client.get(path)
+                out[path] = (response.status, response.content_type, await response.read())
+        return out
+
+    return asyncio.run(fetch())
+
+
+@pytest.fixture(scope="module")
+def served(comfy):
+    module = Path(comfy.pack_path).name
+    paths = ["/api/workflow_templates", "/api/object_info"]
+    for name in NAMES:
+        paths += [f"/api/workflow_templates/{module}/{name}.json", f"/api/workflow_templates/{module}/{name}.jpg"]
+    return module, serve(comfy, paths)
+
+
+@pytest.fixture(scope="module")
+def defs(served):
+    status, _, body = served[1]["/api/object_info"]
+    assert status == 200
+    return json.loads(body)
+
+
+def load(name):
+    return json.loads((EXAMPLES / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def test_every_example_has_a_thumbnail_and_the_required_ones_exist():
+    assert set(NAMES) >= {"flux_dbcache_taylorseer", "wan21_adaptive_cache", "sdxl_adaptive_cache",
+                          "apply_interceptors_sampler_custom_advanced", RUNNABLE}
+    for name in NAMES:
+        assert (EXAMPLES / f"{name}.jpg").is_file(), name
+
+
+def test_template_endpoint_lists_and_serves_every_example(served):
+    module, responses = served
+    status, _, body = responses["/api/workflow_templates"]
+    assert status == 200 and sorted(json.loads(body)[module]) == NAMES
+    for name in NAMES:
+        status, kind, body = responses[f"/api/workflow_templates/{module}/{name}.json"]
+        assert status == 200 and json.loads(body) == load(name)
+        status, kind, body = responses[f"/api/workflow_templates/{module}/{name}.jpg"]
+        assert status == 200 and kind == "image/jpeg" and body[:2] == b"\xff\xd8"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_matches_the_node_definitions(defs, name):
+    wf = load(name)
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    for node in wf["nodes"]:
+        if node["type"] in workflow_api.FRONTEND_ONLY:
+            continue
+        d = defs.get(node["type"])
+        assert d is not None, f"node {node['id']}: {node['type']} is not installed"
+        slots = workflow_api.widget_slots(d)
+        assert len(node["widgets_values"]) == len(slots), (node["type"], slots, node["widgets_values"])
+        for slot, value in zip(slots, node["widgets_values"]):
+            if slot is None:
+                assert value in ("fixed", "increment", "decrement", "randomize"), (node["type"], value)
+        inputs = {name: kind for name, kind, _ in workflow_api.ordered_inputs(d)}
+        for i in node["inputs"]:
+            assert i["name"] in inputs, (node["type"], i["name"])
+        assert [o["type"] for o in node["outputs"]] == list(d["output"]), node["type"]
+    for link_id, src, slot, dst, dst_slot, kind in wf["links"]:
+        assert nodes[src]["outputs"][slot]["type"] == kind and link_id in nodes[src]["outputs"][slot]["links"]
+        target = nodes[dst]["inputs"][dst_slot]
+        assert target["link"] == link_id
+        expected = workflow_api.ordered_inputs(defs[nodes[dst]["type"]])
+        declared = {n: k for n, k, _ in expected}[target["name"]]
+        assert declared == kind or (isinstance(declared, list) and kind == "COMBO"), (target, kind)
+    prompt = workflow_api.workflow_to_api(wf, defs)
+    for entry in prompt.values():
+        d = defs[entry["class_type"]]
+        for name in d["input"].get("required", {}):
+            assert name in entry["inputs"], (entry["class_type"], name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_examples_are_in_sync_with_their_generator(defs, name):
+    import make_example_workflows
+    assert make_example_workflows.WORKFLOWS[name](defs) == load(name), \
+        "the nodes changed: run python3 tools/make_example_workflows.py"
+
+
+def test_tiny_example_validates_and_runs_headless_with_summary_and_progress(comfy, defs):
+    wf = load(RUNNABLE)
+    prompt = workflow_api.workflow_to_api(wf, defs)
+    valid = asyncio.run(comfy.execution.validate_prompt("check", prompt, None))
+    assert valid[0], valid
+    _, outputs = comfy.run(prompt)
+    sampler = next(str(n["id"]) for n in wf["nodes"] if n["type"] == "CachedSampler")
+    summary = outputs[sampler]["text"][0]
+    assert summary.startswith("First Block Cache + TaylorSeer\ncomputed ") and "/20 steps (cond " in summary
+    assert "estimated speedup" in summary and "acted: First Block Cache" in summary
+    texts = [t for node, t in comfy.server.progress_texts if node == sampler]
+    assert len(texts) == 21 and texts[-1] == summary
+    assert all(f"step {i + 1}/20:" in t for i, t in enumerate(texts[:-1]))
+    previews = [str(n["id"]) for n in wf["nodes"] if n["type"] == "PreviewImage"]
+    assert all(outputs[p]["images"] for p in previews), "digits and the tuning plot are previewed"
+
+
+# -- the converter on its own ---------------------------------------------------------------------
+
+DEFS = {
+    "Sampler": {"input": {"required": {"model": ["MODEL", {}], "seed": ["INT", {"default": 0}],
+                                       "steps": ["INT", {"default": 20}], "mode": [["a", "b"], {}]},
+                          "optional": {"chain": ["CHAIN", {}], "extra": ["FLOAT", {"default": 1.0}],
+                                       "noise": ["INT", {"control_after_generate": True}],
+                                       "text": ["STRING", {"forceInput": True}]}},
+                "input_order": {"required": ["model", "seed", "steps", "mode"],
+                                "optional": ["chain", "extra", "noise", "text"]},
+                "output": ["LATENT"]},
+    "Loader": {"input": {"required": {"name": ["STRING", {}]}}, "output": ["MODEL", "INT"]},
+    "Filter": {"input": {"required": {"model": ["MODEL", {}]}}, "output": ["MODEL"]},
+}
+
+
+def node(id, type, inputs=(), outputs=(), widgets=None, mode=0):
+    return {"id": id, "type": type, "inputs": list(inputs), "outputs": list(outputs), "widgets_values": widgets,
+            "mode": mode}
+
+
+def test_converter_positional_widgets_control_values_and_links():
+    wf = {"nodes": [
+        node(1, "Loader", outputs=[{"type": "MODEL"}, {"type": "INT"}], widgets=["m.safetensors"]),
+        node(2, "Sampler", inputs=[{"name": "model", "type": "MODEL", "link": 1},
+                                   {"name": "steps", "type": "INT", "widget": {"name": "steps"}, "link": 2}],
+             widgets=[7, "randomize", 99, "b", 0.5, 3, "fixed"]),
+        node(3, "Note", widgets=["hello"])],
+        "links": [[1, 1, 0, 2, 0, "MODEL"], [2, 1, 1, 2, 1, "INT"]]}
+    prompt = workflow_api.workflow_to_api(wf, DEFS)
+    assert prompt == {"1": {"class_type": "Loader", "inputs": {"name": "m.safetensors"}},
+                      "2": {"class_type": "Sampler", "inputs": {"model": ["1", 0], "seed": 7, "steps": ["1", 1],
+                                                                "mode": "b", "extra": 0.5, "noise": 3}}}
+
+
+def test_converter_primitive_reroute_bypass_and_mute():
+    wf = {"nodes": [
+        node(1, "Loader", outputs=[{"type": "MODEL"}, {"type": "INT"}], widgets=["m"]),
+        node(2, "Reroute", inputs=[{"name": "", "type": "*", "link": 1}], outputs=[{"type": "MODEL"}]),
+        node(3, "Filter", inputs=[{"name": "model", "type": "MODEL", "link": 2}], outputs=[{"type": "MODEL"}], mode=4),
+        node(4, "PrimitiveNode", outputs=[{"type": "INT"}], widgets=[12, "fixed"]),
+        node(5, "Sampler", inputs=[{"name": "model", "type": "MODEL", "link": 3},
+                                   {"name": "steps", "type": "INT", "widget": {"name": "steps"}, "link": 4}],
+             widgets=[1, "fixed", 20, "a", 1.0, 0, "fixed"]),
+        node(6, "Filter", inputs=[{"name": "model", "type": "MODEL", "link": 5}], outputs=[{"type": "MODEL"}], mode=2)],
+        "links": [[1, 1, 0, 2, 0, "MODEL"], [2, 2, 0, 3, 0, "MODEL"], [3, 3, 0, 5, 0, "MODEL"],
+                  [4, 4, 0, 5, 1, "INT"], [5, 5, 0, 6, 0, "MODEL"]]}
+    prompt = workflow_api.workflow_to_api(wf, DEFS)
+    assert set(prompt) == {"1", "5"}
+    assert prompt["5"]["inputs"]["model"] == ["1", 0] and prompt["5"]["inputs"]["steps"] == 12
+
+
+def test_converter_refuses_unknown_nodes_and_short_widget_lists():
+    with pytest.raises(workflow_api.WorkflowError, match="unknown node type 'Missing'"):
+        workflow_api.workflow_to_api({"nodes": [node(1, "Missing")], "links": []}, DEFS)
+    with pytest.raises(workflow_api.WorkflowError, match="widget values"):
+        workflow_api.workflow_to_api({"nodes": [node(1, "Sampler", widgets=[1, 20])], "links": []}, DEFS)

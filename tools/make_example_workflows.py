@@ -1,0 +1,386 @@
+"""Write example_workflows/*.json (UI format, as the frontend saves them) and their .jpg thumbnails.
+
+The graphs are declared below by node type, widget values by input name and links by input name; the
+widget order, sockets and output types come from the node definitions of the ComfyUI this runs in, so
+the files always match the nodes. Run from the pack's folder after changing nodes or graphs:
+
+    python3 tools/make_example_workflows.py
+
+The tiny-model workflow's thumbnail shows its real output (digits and tuning plot, sampled here); the
+others show the graph itself, since they need model files to run.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "example_workflows"
+sys.path.insert(0, str(ROOT / "tools"))
+
+import workflow_api  # noqa: E402
+
+SLOT_H, WIDGET_H, TITLE_H = 20, 24, 30
+
+
+def note(text: str) -> dict:
+    return {"type": "MarkdownNote", "widgets": [text], "size": [380, 220]}
+
+
+def models_note(lines: list[str]) -> dict:
+    return note("**Model files** (put them in these `ComfyUI/models/` folders, then pick them in the loaders):\n\n"
+                + "\n".join(f"- {line}" for line in lines))
+
+
+class Graph:
+    """A workflow under construction: nodes with widget values by name, links by input name."""
+
+    def __init__(self, defs: dict):
+        self.defs = defs
+        self.nodes: list[dict] = []
+        self.links: list[list] = []
+
+    def add(self, kind: str, pos, widgets: dict | None = None, title: str | None = None, size=None,
+            color: str | None = None) -> int:
+        node_id = len(self.nodes) + 1
+        self.nodes.append({"id": node_id, "type": kind, "pos": list(pos), "values": dict(widgets or {}),
+                           "title": title, "size": size, "color": color, "links_in": {}})
+        return node_id
+
+    def note(self, pos, text: str, size=(380, 220)) -> int:
+        node_id = len(self.nodes) + 1
+        self.nodes.append({"id": node_id, "type": "MarkdownNote", "pos": list(pos), "note": text,
+                           "size": list(size), "title": None, "color": None, "links_in": {}})
+        return node_id
+
+    def link(self, src: int, slot: int, dst: int, name: str) -> None:
+        self.nodes[dst - 1]["links_in"][name] = (src, slot)
+
+    def build(self) -> dict:
+        nodes_out, links = [], []
+        outputs_links: dict[tuple[int, int], list[int]] = {}
+        link_id = 0
+        built = {}
+        for n in self.nodes:
+            if n["type"] == "MarkdownNote":
+                built[n["id"]] = {"id": n["id"], "type": "MarkdownNote", "pos": n["pos"], "size": n["size"],
+                                  "flags": {}, "order": 0, "mode": 0, "inputs": [], "outputs": [],
+                                  "properties": {}, "widgets_values": [n["note"]], "color": "#432", "bgcolor": "#653"}
+                continue
+            d = self.defs[n["type"]]
+            sockets, widgets = [], []
+            for name, kind, options in workflow_api.ordered_inputs(d):
+                if workflow_api.is_widget(kind, options):
+                    if name in n["links_in"]:
+                        sockets.append({"name": name, "type": kind if isinstance(kind, str) else "COMBO",
+                                        "widget": {"name": name}, "link": None})
+                    choices = kind if isinstance(kind, list) else options.get("options") or []
+                    default = options.get("default", choices[0] if choices else None)
+                    if name not in n["values"] and default is None:
+                        raise ValueError(f"{n['type']}: give a value for {name!r}")
+                    widgets.append(n["values"].pop(name, default))  # model file names may be absent here
+                    if workflow_api.has_control_widget(name, kind, options):
+                        widgets.append("fixed")
+                else:
+                    sockets.append({"name": name, "type": kind, "link": None})
+            if n["values"]:
+                raise ValueError(f"{n['type']}: unknown widgets {sorted(n['values'])}")
+            outputs = [{"name": name, "type": kind, "links": []}
+                       for name, kind in zip(d.get("output_name", d["output"]), d["output"])]
+            for o, name in zip(outputs, d.get("output_name", d["output"])):
+                o["name"] = name
+            width = n["size"][0] if n["size"] else 320
+            rows = max(len(sockets), len(outputs))
+            height = n["size"][1] if n["size"] else rows * SLOT_H + len(widgets) * WIDGET_H + 16
+            node = {"id": n["id"], "type": n["type"], "pos": n["pos"], "size": [width, height], "flags": {},
+                    "order": 0, "mode": 0, "inputs": sockets, "outputs": outputs,
+                    "properties": {"Node name for S&R": n["type"]}, "widgets_values": widgets}
+            if n["title"]:
+                node["title"] = n["title"]
+            if n["color"]:
+                node["color"], node["bgcolor"] = n["color"]
+            built[n["id"]] = node
+        for n in self.nodes:
+            for name, (src, slot) in n["links_in"].items():
+                link_id += 1
+                target = built[n["id"]]
+                index = next(i for i, s in enumerate(target["inputs"]) if s["name"] == name)
+                kind = built[src]["outputs"][slot]["type"]
+                target["inputs"][index]["link"] = link_id
+                built[src]["outputs"][slot]["links"].append(link_id)
+                outputs_links.setdefault((src, slot), []).append(link_id)
+                links.append([link_id, src, slot, n["id"], index, kind])
+        for node in built.values():
+            for i, o in enumerate(node["outputs"]):
+                o["slot_index"] = i
+        order = _execution_order(built, links)
+        for i, node_id in enumerate(order):
+            built[node_id]["order"] = i
+        nodes_out = [built[n["id"]] for n in self.nodes]
+        return {"last_node_id": len(self.nodes), "last_link_id": link_id, "nodes": nodes_out, "links": links,
+                "groups": [], "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [40, 40]}}, "version": 0.4}
+
+
+def _execution_order(nodes: dict, links: list) -> list[int]:
+    deps = {i: {l[1] for l in links if l[3] == i} for i in nodes}
+    order, done = [], set()
+    while len(order) < len(nodes):
+        for i in sorted(nodes):
+            if i not in done and deps[i] <= done:
+                order.append(i)
+                done.add(i)
+    return order
+
+
+CACHE = ("#233", "#355")     # colour of the pack's nodes in the examples
+SAMPLER = ("#232", "#353")
+
+
+def flux_dbcache_taylorseer(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"})
+    clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
+                                               "type": "flux", "device": "default"})
+    vae = g.add("VAELoader", (40, 420), {"vae_name": "ae.safetensors"})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a red fox reading a newspaper in a cosy cafe, morning light, "
+                                                       "35mm photo"}, title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": ""}, title="Negative (unused at cfg 1)", size=[400, 100])
+    guidance = g.add("FluxGuidance", (850, 80), {"guidance": 3.5})
+    latent = g.add("EmptySD3LatentImage", (400, 450), {"width": 1024, "height": 1024, "batch_size": 1})
+    db = g.add("CachedSamplerDBCache", (850, 240), {"Fn": 1, "Bn": 0, "threshold": 0.12, "warmup": 0.1,
+                                                    "max_cached_steps": -1, "max_consecutive_cached": 3,
+                                                    "start_percent": 0.0, "end_percent": 1.0}, color=CACHE)
+    ts = g.add("CachedSamplerTaylorSeer", (850, 510), {"order": 1}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 28, "cfg": 1.0, "sampler_name": "euler",
+                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "flux_cached"}, size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip"); g.link(pos, 0, guidance, "conditioning")
+    g.link(db, 0, ts, "interceptors")
+    g.link(unet, 0, sampler, "model"); g.link(guidance, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative")
+    g.link(latent, 0, sampler, "latent_image"); g.link(ts, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.link(sampler, 1, plot, "images")
+    g.note((40, 540), "**Flux.1 dev + DBCache + TaylorSeer**\n\nDBCache skips Flux's middle blocks while block 1's "
+           "residual barely changes; TaylorSeer forecasts the skipped work instead of reusing it stale. "
+           "Flux: threshold 0.08-0.2. Watch the *Tuning plot* and the numbers on the Cached Sampler to tune.\n\n"
+           "**Model files:** `diffusion_models/flux1-dev.safetensors`, `text_encoders/clip_l.safetensors`, "
+           "`text_encoders/t5xxl_fp16.safetensors`, `vae/ae.safetensors`.", size=(340, 250))
+    return g.build()
+
+
+def wan21_adaptive_cache(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "wan2.1_t2v_1.3B_fp16.safetensors", "weight_dtype": "default"})
+    clip = g.add("CLIPLoader", (40, 220), {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan",
+                                           "device": "default"})
+    vae = g.add("VAELoader", (40, 380), {"vae_name": "wan_2.1_vae.safetensors"})
+    shift = g.add("ModelSamplingSD3", (400, 500), {"shift": 8.0})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a paper boat drifting down a rainy street gutter, close-up, "
+                                                       "cinematic"}, title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": "blurry, low quality, static, watermark"}, title="Negative",
+                size=[400, 140])
+    latent = g.add("EmptyHunyuanLatentVideo", (850, 420), {"width": 832, "height": 480, "length": 33, "batch_size": 1})
+    cache = g.add("CachedSamplerAdaptiveCache", (850, 80), {"threshold": 0.1, "max_consecutive_cached": -1,
+                                                            "start_percent": 0.15, "end_percent": 0.95}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 30, "cfg": 6.0, "sampler_name": "uni_pc",
+                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    video = g.add("CreateVideo", (1580, 200), {"fps": 16})
+    save = g.add("SaveVideo", (1580, 340), {"filename_prefix": "video/wan_cached", "format": "auto", "codec": "auto"},
+                 size=[400, 400])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(unet, 0, shift, "model"); g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip")
+    g.link(shift, 0, sampler, "model"); g.link(pos, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative")
+    g.link(latent, 0, sampler, "latent_image"); g.link(cache, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, video, "images")
+    g.link(video, 0, save, "video"); g.link(sampler, 1, plot, "images")
+    g.note((40, 520), "**Wan 2.1 text-to-video + Adaptive Cache**\n\nThe Adaptive Cache skips whole model steps while "
+           "the predicted output change stays under the threshold (0.05 cautious, 0.1 balanced, 0.2 fast); no "
+           "calibration needed, works on every model.\n\n**Model files:** `diffusion_models/wan2.1_t2v_1.3B_fp16."
+           "safetensors`, `text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`, `vae/wan_2.1_vae.safetensors`.",
+           size=(340, 250))
+    return g.build()
+
+
+def sdxl_adaptive_cache(defs) -> dict:
+    g = Graph(defs)
+    ckpt = g.add("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "sd_xl_base_1.0.safetensors"})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a lighthouse on a cliff at dusk, dramatic clouds, oil painting"},
+                title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": "blurry, low quality, text, watermark"}, title="Negative",
+                size=[400, 140])
+    latent = g.add("EmptyLatentImage", (400, 480), {"width": 1024, "height": 1024, "batch_size": 1})
+    cache = g.add("CachedSamplerAdaptiveCache", (850, 80), {"threshold": 0.1, "max_consecutive_cached": 2,
+                                                            "start_percent": 0.15, "end_percent": 0.95}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 30, "cfg": 6.5, "sampler_name": "dpmpp_2m",
+                                                  "scheduler": "karras", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "sdxl_cached"}, size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(ckpt, 1, pos, "clip"); g.link(ckpt, 1, neg, "clip"); g.link(ckpt, 0, sampler, "model")
+    g.link(pos, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative"); g.link(latent, 0, sampler, "latent_image")
+    g.link(cache, 0, sampler, "interceptors"); g.link(sampler, 0, decode, "samples"); g.link(ckpt, 2, decode, "vae")
+    g.link(decode, 0, save, "images"); g.link(sampler, 1, plot, "images")
+    g.note((40, 260), "**SDXL + Adaptive Cache (whole-model cache)**\n\nUNet models expose no transformer blocks to "
+           "cache, so the Adaptive Cache works on whole model steps. `max_consecutive_cached` 2 keeps long reuse "
+           "runs short on a 30-step schedule.\n\n**Model file:** `checkpoints/sd_xl_base_1.0.safetensors`.",
+           size=(320, 230))
+    return g.build()
+
+
+def apply_interceptors_custom_advanced(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"})
+    clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
+                                               "type": "flux", "device": "default"})
+    vae = g.add("VAELoader", (40, 420), {"vae_name": "ae.safetensors"})
+    fbc = g.add("CachedSamplerFirstBlockCache", (40, 540), {"threshold": 0.12, "warmup": 0.1, "max_cached_steps": -1,
+                                                            "max_consecutive_cached": 3, "start_percent": 0.0,
+                                                            "end_percent": 1.0}, color=CACHE)
+    apply = g.add("CachedSamplerApplyInterceptors", (400, 540), {}, color=SAMPLER)
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "an isometric tiny city on a floating island, soft pastel "
+                                                       "colours, detailed"}, title="Prompt", size=[400, 160])
+    guidance = g.add("FluxGuidance", (400, 290), {"guidance": 3.5})
+    latent = g.add("EmptySD3LatentImage", (400, 400), {"width": 1024, "height": 1024, "batch_size": 1})
+    noise = g.add("RandomNoise", (850, 80), {"noise_seed": 42})
+    guider = g.add("BasicGuider", (850, 200))
+    select = g.add("KSamplerSelect", (850, 300), {"sampler_name": "euler"})
+    sched = g.add("BasicScheduler", (850, 400), {"scheduler": "simple", "steps": 28, "denoise": 1.0})
+    sampler = g.add("SamplerCustomAdvanced", (1220, 80))
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "flux_custom_cached"}, size=[400, 440])
+    g.link(clip, 0, pos, "clip"); g.link(pos, 0, guidance, "conditioning")
+    g.link(unet, 0, apply, "model"); g.link(fbc, 0, apply, "interceptors")
+    g.link(apply, 0, guider, "model"); g.link(guidance, 0, guider, "conditioning"); g.link(apply, 0, sched, "model")
+    g.link(noise, 0, sampler, "noise"); g.link(guider, 0, sampler, "guider"); g.link(select, 0, sampler, "sampler")
+    g.link(sched, 0, sampler, "sigmas"); g.link(latent, 0, sampler, "latent_image")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.note((850, 540), "**Apply Interceptors + SamplerCustomAdvanced**\n\nApply Interceptors installs the chain on the "
+           "model, so any sampler runs it (custom samplers, guiders, other packs). Every sampling run starts with a "
+           "fresh cache; what caching did goes to the ComfyUI log.\n\n**Model files:** as the Flux example.",
+           size=(340, 220))
+    return g.build()
+
+
+def tiny_digits_tuning_plot(defs) -> dict:
+    g = Graph(defs)
+    model = g.add("CachedSamplerDigitsModel", (40, 80), {"digits": "0123456789"})
+    fbc = g.add("CachedSamplerFirstBlockCache", (40, 260), {"threshold": 0.25, "warmup": 0.1, "max_cached_steps": -1,
+                                                            "max_consecutive_cached": 3, "start_percent": 0.0,
+                                                            "end_percent": 1.0}, color=CACHE)
+    ts = g.add("CachedSamplerTaylorSeer", (40, 520), {"order": 1}, color=CACHE)
+    sampler = g.add("CachedSampler", (420, 80), {"seed": 0, "steps": 20, "cfg": 3.0, "sampler_name": "euler",
+                                                 "scheduler": "simple", "denoise": 1.0}, color=SAMPLER, size=[340, 330])
+    decode = g.add("CachedSamplerDigitsDecode", (820, 80))
+    images = g.add("PreviewImage", (820, 180), title="Digits", size=[420, 260])
+    plot = g.add("PreviewImage", (420, 480), title="Tuning plot", size=[820, 470])
+    g.link(fbc, 0, ts, "interceptors")
+    g.link(model, 0, sampler, "model"); g.link(model, 1, sampler, "positive"); g.link(model, 2, sampler, "negative")
+    g.link(model, 3, sampler, "latent_image"); g.link(ts, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(decode, 0, images, "images"); g.link(sampler, 1, plot, "images")
+    g.note((40, 640), "**Tuning plot on the bundled tiny model** (runs in a second on a CPU)\n\nRaise First Block "
+           "Cache's `threshold` and queue again: more orange (skipped) steps, more work saved. The summary on the "
+           "Cached Sampler tells computed/skipped steps and the estimated speedup; compare the digits with "
+           "threshold 0.", size=(340, 240))
+    return g.build()
+
+
+WORKFLOWS = {
+    "flux_dbcache_taylorseer": flux_dbcache_taylorseer,
+    "wan21_adaptive_cache": wan21_adaptive_cache,
+    "sdxl_adaptive_cache": sdxl_adaptive_cache,
+    "apply_interceptors_sampler_custom_advanced": apply_interceptors_custom_advanced,
+    "tiny_digits_tuning_plot": tiny_digits_tuning_plot,
+}
+RUNNABLE = "tiny_digits_tuning_plot"
+
+
+def schematic(workflow: dict, title: str, size=(512, 384)):
+    """A thumbnail of a graph: its nodes as boxes, its links as lines, the pack's nodes highlighted."""
+    from PIL import Image, ImageDraw, ImageFont
+    nodes = workflow["nodes"]
+    x0 = min(n["pos"][0] for n in nodes); y0 = min(n["pos"][1] for n in nodes) - TITLE_H
+    x1 = max(n["pos"][0] + n["size"][0] for n in nodes); y1 = max(n["pos"][1] + n["size"][1] for n in nodes)
+    w, h = size
+    top = 52
+    scale = min((w - 24) / (x1 - x0), (h - top - 12) / (y1 - y0))
+
+    def at(x, y):
+        return 12 + (x - x0) * scale, top + (y - y0) * scale
+
+    image = Image.new("RGB", size, (32, 32, 36))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=9) if hasattr(ImageFont, "load_default") else None
+    title_font = ImageFont.load_default(size=20)
+    draw.text((12, 12), title, fill=(235, 235, 235), font=title_font)
+    by_id = {n["id"]: n for n in nodes}
+    for link in workflow["links"]:
+        a, b = by_id[link[1]], by_id[link[3]]
+        start = at(a["pos"][0] + a["size"][0], a["pos"][1] + 10 + 20 * link[2])
+        end = at(b["pos"][0], b["pos"][1] + 10 + 20 * link[4])
+        draw.line([start, end], fill=(120, 160, 200), width=1)
+    for n in nodes:
+        left, upper = at(n["pos"][0], n["pos"][1] - TITLE_H)
+        right, lower = at(n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+        ours = n["type"].startswith("CachedSampler")
+        fill = (40, 90, 60) if ours else (100, 80, 50) if n["type"] == "MarkdownNote" else (60, 60, 66)
+        draw.rounded_rectangle([left, upper, right, lower], radius=4, fill=fill,
+                               outline=(120, 220, 150) if ours else (110, 110, 118))
+        label = n.get("title") or ("Note" if n["type"] == "MarkdownNote" else n["type"].replace("CachedSampler", "") or "Cached Sampler")
+        if n["type"] == "CachedSampler":
+            label = "Cached Sampler"
+        draw.text((left + 3, upper + 2), label[:int((right - left) / 5)], fill=(235, 235, 235), font=font)
+    return image
+
+
+def run_tiny_thumbnail(comfy, workflow: dict, defs: dict):
+    """Run the tiny-model workflow headless and compose its digits and tuning plot into a thumbnail."""
+    from PIL import Image
+    prompt = workflow_api.workflow_to_api(workflow, defs)
+    _, outputs = comfy.run(prompt)
+    files = {}
+    for node in workflow["nodes"]:
+        if node["type"] == "PreviewImage":
+            files[node.get("title")] = [comfy.tmp / i["type"] / i["subfolder"] / i["filename"]
+                                        for i in outputs[str(node["id"])]["images"]]
+    plot = Image.open(files["Tuning plot"][0]).convert("RGB")
+    digits = [Image.open(f).convert("RGB") for f in files["Digits"]]
+    thumb = Image.new("RGB", (512, 384), (255, 255, 255))
+    cell = 512 // len(digits)
+    for i, d in enumerate(digits):
+        thumb.paste(d.resize((cell, cell), Image.NEAREST), (i * cell + (512 - cell * len(digits)) // 2, 8))
+    p = plot.resize((512, int(plot.height * 512 / plot.width)), Image.LANCZOS)
+    thumb.paste(p, (0, 384 - p.height))
+    return thumb
+
+
+TITLES = {
+    "flux_dbcache_taylorseer": "Flux: DBCache + TaylorSeer",
+    "wan21_adaptive_cache": "Wan 2.1 video: Adaptive Cache",
+    "sdxl_adaptive_cache": "SDXL: Adaptive Cache",
+    "apply_interceptors_sampler_custom_advanced": "Apply Interceptors + SamplerCustomAdvanced",
+}
+
+
+def main() -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from comfy_harness import Comfy, find_comfyui
+    path = find_comfyui()
+    if path is None:
+        sys.exit("no ComfyUI found (set COMFYUI_PATH)")
+    comfy = Comfy(path)
+    defs = workflow_api.object_info()
+    OUT.mkdir(exist_ok=True)
+    for name, make in WORKFLOWS.items():
+        workflow = make(defs)
+        (OUT / f"{name}.json").write_text(json.dumps(workflow, indent=1) + "\n", encoding="utf-8")
+        image = run_tiny_thumbnail(comfy, workflow, defs) if name == RUNNABLE else schematic(workflow, TITLES[name])
+        image.save(OUT / f"{name}.jpg", quality=88)
+        print("wrote", OUT / f"{name}.json")
+
+
+if __name__ == "__main__":
+    main()
