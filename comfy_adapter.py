@@ -10,7 +10,14 @@ extension points, so a ComfyUI update cannot break a patched forward:
 * ``APPLY_MODEL`` wrapper: one batched forward, whole-model caching (fires for every model family,
   SD3 included);
 * ``patches_replace["dit"]`` block replacements: block-level caching. A replacement someone else
-  registered earlier is chained to, never overwritten.
+  registered earlier is chained to, never overwritten; a forward in which another patch replaced the pack's
+  block slots for that one call (Skip Layer Guidance's extra pass) is computed in full and never cached.
+
+A chain is refused, before anything is sampled, where it could not be right: on a model that ComfyUI's
+EasyCache/LazyCache already caches, and, for interceptors that work inside the transformer blocks, on a
+model compiled by TorchCompileModel (whose compile wrapper drops the guards on transformer_options, so the
+compiled blocks would ignore or freeze the per-step decisions). Both are checked when the chain is installed
+and again when each run starts, since either patch can be applied after Apply Interceptors.
 """
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ import torch
 
 from comfy.patcher_extension import WrappersMP
 
-from .interceptors import Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card, summarize
+from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
+                           summarize)
 from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
 
 log = logging.getLogger("cached_sampler")
@@ -53,6 +61,51 @@ def installed_chain(model) -> InterceptorChain | None:
     return model.model_options.get("transformer_options", {}).get(CHAIN_KEY)
 
 
+# ComfyUI core patches that conflict with a chain: (transformer_options key or wrapper key, what to call it).
+OTHER_CACHES = (("easycache", "ComfyUI's EasyCache"), ("lazycache", "ComfyUI's LazyCache"))
+COMPILE_WRAPPER_KEY = "torch.compile"          # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
+COMPILE_OPTIONS_KEY = "torch_compile_kwargs"   # ... .TORCH_COMPILE_KWARGS
+
+
+def _wrapper_keys(wrappers: dict) -> set:
+    return {key for by_key in (wrappers or {}).values() for key in (by_key or {})}
+
+
+def other_cache(model_options: dict, wrappers: dict) -> str | None:
+    """The name of a core caching patch already on the model (EasyCache, LazyCache), or None."""
+    options = model_options.get("transformer_options", {})
+    keys = _wrapper_keys(wrappers) | _wrapper_keys(options.get("wrappers", {}))
+    holder = options.get("easycache")
+    if holder is not None and "lazy" in type(holder).__name__.lower():
+        return "ComfyUI's LazyCache"
+    for key, name in OTHER_CACHES:
+        if key in keys or (key == "easycache" and holder is not None):
+            return name
+    return None
+
+
+def compiled(model_options: dict, wrappers: dict) -> bool:
+    """Whether ComfyUI's TorchCompileModel (or its helper set_torch_compile_wrapper) compiled the model."""
+    options = model_options.get("transformer_options", {})
+    keys = _wrapper_keys(wrappers) | _wrapper_keys(options.get("wrappers", {}))
+    return COMPILE_WRAPPER_KEY in keys or COMPILE_OPTIONS_KEY in model_options
+
+
+def conflicts(chain: InterceptorChain, model_options: dict, wrappers: dict) -> list[str]:
+    """What else on the model makes this chain unsafe to run (empty when nothing does)."""
+    problems = []
+    other = other_cache(model_options, wrappers)
+    if other is not None:
+        names = ", ".join(ic.label for ic in chain)
+        problems.append(
+            f"{other} is already caching this model, and {names} would cache it a second time: each cache would "
+            f"skip work the other relies on. Remove the {other.split()[-1]} node or the caching nodes of this "
+            f"chain.")
+    if compiled(model_options, wrappers):
+        problems.extend(chain.compile_problems("TorchCompileModel"))
+    return problems
+
+
 def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, cache_on_cpu: bool = False,
             on_run_end: Callable | None = None, on_evaluation: Callable | None = None):
     """A clone of ``model`` that runs ``chain`` on every sampling run. ``model`` is never modified.
@@ -67,15 +120,24 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             "caching nodes to one place only, either Apply Interceptors or the sampler's 'interceptors' input.")
     card = model_card(model)
     chain.validate_for(card, allow_distilled=allow_distilled)
+    problems = conflicts(chain, model.model_options, model.wrappers)
+    if problems:
+        raise ChainError("\n".join(problems))
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
     observers = [NaNWatch()]
+    block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
     if on_evaluation is not None:
         observers.append(_EvaluationHook(on_evaluation))
 
     def outer_sample(executor, *args, **kwargs):
         guider = executor.class_obj
-        sigmas = args[3]
+        # EasyCache or TorchCompileModel may have been applied after Apply Interceptors: check again, before
+        # anything is sampled (ComfyUI has merged every wrapper of the model into the run's options by now).
+        problems = conflicts(chain, guider.model_options, {})
+        if problems:
+            raise ChainError("\n".join(problems))
+        sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
         sampling = guider.model_patcher.get_model_object("model_sampling")
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
                         cache_device="cpu" if cache_on_cpu else None, observers=observers)
@@ -91,6 +153,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             log.info("Cached Sampler: %s", summary.text())
             if on_run_end is not None:
                 on_run_end(run, summary)
+            run.release_caches()
 
     def predict_noise(executor, x, timestep, model_options, seed):
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
@@ -108,6 +171,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
         forward = run.begin_forward(float(t.flatten()[0]), x.shape[0], tuple(x.shape[1:]), x.dtype,
                                     transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
+        if block_slots and _slots_taken(transformer_options, block_slots):
+            forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
         output = None
         try:
             output = model_forward(run, forward, x, t, lambda: executor(
@@ -124,7 +189,17 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         modulated = _modulated_input(card, patched) if decider.signal == "modulated_input" else None
         _install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()),
                         modulated)
+        block_slots.update({(group, index): position for group, index, position in card.block_positions()})
     return patched
+
+
+def _slots_taken(transformer_options: dict, slots: dict) -> bool:
+    """True when some block slot of this forward is not served by the pack's replacement, e.g. Skip Layer
+    Guidance's extra pass puts its own ``skip`` into a copy of the options for that one call. Caching such a
+    forward would mix it up with the normal ones (or miss a segment's last block), so it is computed in full."""
+    current = transformer_options.get("patches_replace", {}).get("dit", {})
+    return any(getattr(current.get(slot), "cached_sampler_position", None) != position
+               for slot, position in slots.items())
 
 
 class _EvaluationHook:
@@ -180,7 +255,7 @@ def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...]
     def replacement(args, extra):
         original = extra["original_block"]
         if previous is not None:
-            run_block = lambda a: previous(a, {"original_block": original})  # noqa: E731
+            run_block = lambda a: previous(a, dict(extra, original_block=original))  # noqa: E731
         else:
             run_block = original
         run = (args.get("transformer_options") or {}).get(STATE_KEY)

@@ -67,6 +67,8 @@ class Interceptor:
     role: ClassVar[Role] = Role.DECIDER
     granularity: ClassVar[Granularity | None] = None  # None: works with whatever the decider uses
     alters_output: ClassVar[bool] = True
+    # False: refuse to run on a model compiled by TorchCompileModel. Block-level interceptors are refused there
+    # whatever they declare: they run inside the compiled graph (see InterceptorChain.compile_problems).
     compile_safe: ClassVar[bool] = True
 
     node: str = dataclasses.field(default="", compare=False)

@@ -114,6 +114,22 @@ class InterceptorChain:
         if problems:
             raise ChainError("\n".join(problems))
 
+    def compile_problems(self, compiler: str) -> list[str]:
+        """Why this chain cannot run on a model that ``compiler`` compiled (empty when it can).
+
+        Whole-model interceptors run around the compiled diffusion model and are unaffected. Interceptors
+        that work inside the transformer blocks (and any that declare ``compile_safe = False``) would run
+        inside the compiled graph, where ComfyUI's compile wrapper does not re-check the per-step state they
+        keep: the compiled blocks would silently ignore or freeze their decisions.
+        """
+        unsafe = [ic for ic in self.interceptors if not ic.compile_safe or ic.granularity == Granularity.BLOCKS]
+        if not unsafe:
+            return []
+        names = ", ".join(f"{ic.label} ({ic.display_name})" for ic in unsafe)
+        return [f"{names} works inside the transformer blocks, which {compiler} compiled: the compiled model would "
+                f"not follow its per-step decisions and the result would be silently wrong. Use a whole-model "
+                f"method (Fixed Cadence or Adaptive Cache) with the compiled model, or remove the {compiler} node."]
+
     def describe(self) -> str:
         return " -> ".join(ic.describe() for ic in self.interceptors) or "(empty)"
 

@@ -9,8 +9,9 @@ from .base import NonFiniteOutputError, Observer
 class NaNWatch(Observer):
     """Stops sampling at the first non-finite model output, naming the step, branch and who was in charge.
 
-    A skipped (substituted) output blames the decider that skipped it; a computed one blames the model
-    (often fp16 overflow), so users know whether turning caching off would help.
+    A skipped (substituted) output blames the decider that skipped it and the estimator that made the
+    substitute, if one is chained; a computed one blames the model (often fp16 overflow), so users know
+    whether turning caching off would help.
     """
 
     def on_forward(self, run, forward, output: torch.Tensor) -> None:
@@ -25,6 +26,10 @@ class NaNWatch(Observer):
             who = "no interceptor skipped this step (the model itself produced it)"
         else:
             who = ev.record.decided_by or "the cache"
+            estimator = run.chain.estimator
+            if any(ic is estimator for ic in run.chain):  # a chained estimator made the substitute
+                who = f"{who} skipped this step's model work and {estimator.label} estimated it"
+            who += " (try a lower threshold, or remove the caching node to check)"
         raise NonFiniteOutputError(
             f"NaN/Inf in the model output at step {ev.step + 1}/{ev.total_steps} (sigma {ev.sigma:.4g}), "
             f"branch {', '.join(branches)}; in charge: {who}.")

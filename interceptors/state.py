@@ -249,14 +249,24 @@ class LoopState:
 
     def store(self, key: BranchKey, name: str, value: torch.Tensor, sigma: float) -> None:
         """Hand a freshly computed value to the estimator. Always a tensor the model no longer touches."""
-        if self.cache_device is not None:
-            value = value.to(self.cache_device, non_blocking=True)
+        if self.cache_device is not None and value.device != self.cache_device:
+            # A blocking copy: a non-blocking one into pageable host memory may still be in flight when the
+            # value is read back, and the reader would see garbage.
+            value = value.to(self.cache_device)
         slots = self.branch_state(self.estimator.id, key)
         self.estimator.observe(slots.setdefault(name, {}), value, sigma)
 
     def has(self, key: BranchKey, name: str) -> bool:
         slot = self.plugin_state[self.estimator.id].get(key, {}).get(name)
         return slot is not None and self.estimator.ready(slot)
+
+    def release_caches(self) -> None:
+        """Drop the per-branch caches once the run is over. A run's state can outlive its run (a report that
+        plots it, an exception's traceback); its cached tensors need not. ``records`` and ``shared`` (run-level
+        results such as a calibration's recordings) stay."""
+        self.plugin_state.clear()
+        self.evaluation = None
+        self.forward = None
 
     def estimate(self, key: BranchKey, name: str, sigma: float, like: torch.Tensor) -> torch.Tensor:
         value = self.estimator.estimate(self.plugin_state[self.estimator.id][key][name], sigma)

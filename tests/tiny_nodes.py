@@ -247,7 +247,8 @@ class LoraPatch:
 
 
 class CaptureModel:
-    """Stores the MODEL it is handed under ``key`` and passes it on (to inspect it after a prompt)."""
+    """Stores the MODEL it is handed under ``key`` and passes it on (to inspect it after a prompt); calls
+    ``CAPTURED[key + ":on_capture"](model)`` if a test put a callback there."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -259,6 +260,9 @@ class CaptureModel:
 
     def capture(self, model, key):
         CAPTURED[key] = model
+        hook = CAPTURED.get(f"{key}:on_capture")  # a test's callback, e.g. to snapshot the model's state now
+        if hook is not None:
+            hook(model)
         return (model,)
 
 
@@ -478,9 +482,7 @@ class TinyFluxControlNet:
         import comfy.controlnet
         import comfy.ldm.flux.controlnet
         import comfy.ops
-        params = dict(tiny_models._spec("flux")[1])
-        for k in ("image_model", "txt_ids_dims", "yak_mlp", "txt_norm"):
-            params.pop(k, None)
+        params = dict(tiny_models._spec("flux")[1])  # the unet_config a ControlNet checkpoint of this Flux would have
         model = comfy.ldm.flux.controlnet.ControlNetFlux(operations=comfy.ops.disable_weight_init,
                                                          dtype=torch.float32, device="cpu", **params)
         tiny_models.init_weights(model, seed)
