@@ -171,6 +171,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
         forward = run.begin_forward(float(t.flatten()[0]), x.shape[0], tuple(x.shape[1:]), x.dtype,
                                     transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
+        forward.track_external = control is not None or "Vace" in card.name
         if block_slots and _slots_taken(transformer_options, block_slots):
             forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
         output = None

@@ -63,7 +63,7 @@ class DBCache(Decider):
             return True
         anchors = {k: run.branch_state(self.id, k).get("anchor") for k in signals}
         diff = relative_l1(signals, {k: v for k, v in anchors.items() if v is not None})
-        if diff is None:
+        if diff is None or diff != diff:  # no anchor yet, or a NaN probe: compute
             return True
         run.report_metric(self, diff, self.threshold)
         return diff >= self.threshold

@@ -9,9 +9,10 @@ on every model ComfyUI can sample.
 
 Block caches store the residual of each skippable segment (a run of blocks of one kind), measured
 from a clone of the segment's input, because some models (Flux) add block outputs in place into the
-tensors they pass around. On a skipped step the segment's blocks pass their input through and the
-last one returns ``input + residual``, so additions the model makes between blocks (ControlNet, VACE)
-are counted exactly once.
+tensors they pass around. What the model itself adds between blocks (ControlNet residuals, VACE hints)
+is tracked when present and left out of the residual. On a skipped step the segment's blocks pass the
+stream through, the model keeps adding this step's additions to it, and the last block adds the
+cached residual: every addition is counted once, and none is stale.
 """
 from __future__ import annotations
 
@@ -140,38 +141,49 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         if forward.skip_blocks:
             forward.computed = False
 
-    if position == first:
-        forward.segment_inputs[segment] = {k: args[k].clone() for k in out_keys if args.get(k) is not None}
-
     if forward.skip_blocks:
+        # Pass the stream through; the model keeps adding what it adds between blocks (ControlNet, VACE) to
+        # it, and the segment's last block adds the cached residual, which excludes those additions.
         if position != last:
             return {k: args[k] for k in out_keys}
         result = {}
         for k in out_keys:
-            base = forward.segment_inputs[segment].get(k) if first != last else args.get(k)
+            base = args.get(k)
             if base is None or not all(k in _stored(run, key, segment) for key in forward.keys):
-                result[k] = args.get(k)
+                result[k] = base
                 continue
             delta = forward.join({key: run.estimate(key, f"{segment}.{k}", ev.sigma, base) for key in forward.keys})
             result[k] = base + delta
-        forward.segment_inputs.pop(segment, None)
         return result
 
+    if position == first:
+        forward.segment_inputs[segment] = {k: args[k].clone() for k in out_keys if args.get(k) is not None}
+        forward.external.pop(segment, None)
+    elif forward.track_external and segment in forward.previous_outputs:
+        added = forward.external.setdefault(segment, {})
+        for k, before in forward.previous_outputs.pop(segment).items():
+            if args.get(k) is not None and args[k].shape == before.shape:
+                added[k] = added[k] + (args[k] - before) if k in added else args[k] - before
     out = as_outputs(run_block(args), out_keys)
     record.blocks_run += 1
-    if position == last:
-        inputs = forward.segment_inputs.pop(segment, {})
-        for k, before in inputs.items():
-            after = out.get(k)
-            if after is None or after.shape != before.shape:
-                continue
-            parts = forward.split(after - before)
-            if parts is None:
-                continue
-            for key, value in parts.items():
-                run.store(key, f"{segment}.{k}", value, ev.sigma)
-                run.branch_state(BLOCK_NAMES, key).setdefault(segment, set()).add(k)
-                forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
-        if segment == len(plan.segments) - 1:
-            decider.computed(run, ev, forward, forward.signals.get(decider.id))
+    if position != last:
+        if forward.track_external:
+            forward.previous_outputs[segment] = {k: out[k].clone() for k in out_keys if out.get(k) is not None}
+        return out
+    inputs = forward.segment_inputs.pop(segment, {})
+    added = forward.external.pop(segment, {})
+    for k, before in inputs.items():
+        after = out.get(k)
+        if after is None or after.shape != before.shape:
+            continue
+        residual = after - before - added[k] if k in added else after - before
+        parts = forward.split(residual)
+        if parts is None:
+            continue
+        for key, value in parts.items():
+            run.store(key, f"{segment}.{k}", value, ev.sigma)
+            run.branch_state(BLOCK_NAMES, key).setdefault(segment, set()).add(k)
+            forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
+    if segment == len(plan.segments) - 1:
+        decider.computed(run, ev, forward, forward.signals.get(decider.id))
     return out

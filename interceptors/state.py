@@ -97,10 +97,12 @@ class Forward:
         self.skip_blocks: bool | None = None
         self.block_decided = False
         self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
-        self.substituted: set[int] = set()
         self.probe_input: torch.Tensor | None = None
         self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}
         self.residuals: dict[str, dict[BranchKey, torch.Tensor]] = {}  # block residuals stored this forward
+        self.track_external = False      # the model adds things between blocks (ControlNet, VACE): measure them
+        self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
+        self.external: dict[int, dict[str, torch.Tensor]] = {}
 
     def split(self, tensor: torch.Tensor) -> dict[BranchKey, torch.Tensor] | None:
         """Rows of ``tensor`` per branch key, or None if its batch does not match this forward."""

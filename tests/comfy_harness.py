@@ -6,6 +6,7 @@ installed there, else ``~/ComfyUI``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import logging
 import os
@@ -117,6 +118,7 @@ class Comfy:
     def run(self, prompt: dict, executor=None, expect_error: bool = False):
         """Validate and execute an API-format prompt; returns (executor, ui outputs by node id)."""
         ex = executor or self.executor()
+        prompt = copy.deepcopy(prompt)  # ComfyUI writes into the prompt's node dicts
         pid = str(uuid.uuid4())
         valid, err, outputs, node_errors = asyncio.run(self.execution.validate_prompt(pid, prompt, None))
         if not valid:

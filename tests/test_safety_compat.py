@@ -366,3 +366,15 @@ def test_core_easycache_alone_through_the_cached_sampler_is_left_alone(comfy):
     ks, _ = sampled(comfy, sampler="KSampler", model_patch=core_cache())
     ours, _ = sampled(comfy, model_patch=core_cache())
     assert torch.equal(ks, ours)
+
+
+@pytest.mark.parametrize("window", [(0.0, 0.5), (0.4, 1.0)])
+def test_controlnet_window_that_opens_or_closes_mid_run_is_not_replayed_stale(comfy, window):
+    """Residuals the model adds between blocks are kept out of the block cache: when the control switches
+    off (or on) mid-run, skipped steps follow the current control, not the one of the last computed step."""
+    exact, _ = sampled(comfy, sampler="KSampler", conditioning=controlnet(*window))
+    exact_plain, _ = sampled(comfy, sampler="KSampler")
+    cached, ui = sampled(comfy, chain=dbcache, conditioning=controlnet(*window))
+    cached_plain, _ = sampled(comfy, chain=dbcache)
+    assert computed_fraction(ui)[0] < STEPS, ui
+    assert (cached - exact).norm() < 1.2 * (cached_plain - exact_plain).norm()
