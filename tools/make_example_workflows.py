@@ -276,7 +276,7 @@ def tiny_digits_tuning_plot(defs) -> dict:
                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER, size=[340, 330])
     decode = g.add("CachedSamplerDigitsDecode", (820, 80))
     images = g.add("PreviewImage", (820, 180), title="Digits", size=[420, 260])
-    plot = g.add("PreviewImage", (420, 480), title="Tuning plot", size=[820, 470])
+    plot = g.add("PreviewImage", (420, 580), title="Tuning plot", size=[820, 470])
     g.link(fbc, 0, ts, "interceptors")
     g.link(model, 0, sampler, "model"); g.link(model, 1, sampler, "positive"); g.link(model, 2, sampler, "negative")
     g.link(model, 3, sampler, "latent_image"); g.link(ts, 0, sampler, "interceptors")

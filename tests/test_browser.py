@@ -1,0 +1,249 @@
+"""The pack in a real ComfyUI server and a real browser (headless Chromium driven by playwright-core).
+
+Starts ``main.py`` with the pack in a temporary custom_nodes folder, loads the tiny-model example
+workflow from the server's template endpoint the way the template browser does, queues it, and checks
+that the Cached Sampler node shows the run summary, that progress text arrived while it ran, and that
+the summary is not saved in the workflow. Everything it starts is stopped, and bounded in time.
+Installs nothing: ``tools/setup.sh`` provides Chromium and playwright-core (in ``.browser/``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from comfy_harness import PACK_DIR_NAME, find_comfyui  # noqa: E402
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+PLAYWRIGHT = ROOT / ".browser" / "node_modules"
+WORKFLOW = "tiny_digits_tuning_plot"
+ARTIFACTS = ROOT / "artifacts"
+SERVER_START_S, BROWSER_S = 180, 240
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def skip_loudly(reason: str):
+    message = f"BROWSER TEST SKIPPED: {reason} (run `bash tools/setup.sh`)"
+    warnings.warn(message)
+    print(f"\n!!! {message} !!!", file=sys.stderr)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop a process group this test started: SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=grace)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=grace)
+
+
+DRIVER = r"""
+import { createRequire } from "module";
+const [modules, url, profile, shot, workflowName, module] = process.argv.slice(2);
+const { chromium } = createRequire(modules + "/")("playwright-core");
+const FLAGS = JSON.parse(process.env.BROWSER_FLAGS);
+const result = { console: [] };
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM, headless: true, args: FLAGS, viewport: { width: 1600, height: 1000 },
+});
+try {
+  const page = context.pages()[0] ?? await context.newPage();
+  page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") result.console.push(m.text()); });
+  page.on("pageerror", (e) => result.console.push("pageerror: " + e.message));
+  await page.goto(url, { waitUntil: "domcontentloaded" });
+  await page.waitForFunction(() => window.comfyAPI?.app?.app?.graph && window.LiteGraph, null, { timeout: 90000 });
+  await page.waitForTimeout(1500);
+  result.extensions = await page.evaluate(() =>
+    window.comfyAPI.app.app.extensions.map((e) => e.name).filter((n) => n.startsWith("cached_sampler")));
+  // Load the example as the template browser does: fetch it from the template endpoint, loadGraphData.
+  result.loaded = await page.evaluate(async ([workflowName, module]) => {
+    const app = window.comfyAPI.app.app, api = window.comfyAPI.api.api;
+    const list = await (await api.fetchApi("/workflow_templates")).json();
+    const wf = await (await api.fetchApi(`/workflow_templates/${module}/${workflowName}.json`)).json();
+    await app.loadGraphData(wf, true, true, workflowName, { openSource: "template" });
+    const missing = app.graph.nodes.filter((n) => !window.LiteGraph.registered_node_types[n.type]).map((n) => n.type);
+    const sampler = app.graph.nodes.find((n) => n.type === "CachedSampler");
+    window.__progress = [];
+    api.addEventListener("progress_text", (e) => window.__progress.push(e.detail));
+    window.__done = null;
+    api.addEventListener("execution_success", () => { window.__done = "success"; });
+    api.addEventListener("execution_error", (e) => { window.__done = "error: " + JSON.stringify(e.detail).slice(0, 2000); });
+    return { templates: list[module] ?? [], missing, nodes: app.graph.nodes.length, samplerId: String(sampler.id),
+             savedValues: wf.nodes.find((n) => n.type === "CachedSampler").widgets_values,
+             widgetsBefore: sampler.widgets.map((w) => w.name) };
+  }, [workflowName, module]);
+  await page.evaluate(async () => { await window.comfyAPI.app.app.queuePrompt(0, 1); });
+  await page.waitForFunction(() => window.__done !== null, null, { timeout: 150000 });
+  result.done = await page.evaluate(() => window.__done);
+  await page.waitForFunction(() => {
+    const el = document.querySelector(".cached-sampler-summary");
+    return el && el.textContent.includes("computed");
+  }, null, { timeout: 20000 }).catch(() => {});
+  result.after = await page.evaluate((samplerId) => {
+    const app = window.comfyAPI.app.app;
+    const sampler = app.graph.getNodeById(Number(samplerId));
+    const summary = document.querySelector(".cached-sampler-summary");
+    const saved = app.graph.serialize();
+    return {
+      summaryText: summary ? summary.innerText : null,
+      summaryVisible: !!summary && summary.getBoundingClientRect().height > 20,
+      widgets: sampler.widgets.map((w) => w.name),
+      savedValues: saved.nodes.find((n) => String(n.id) === samplerId).widgets_values,
+      savedJson: JSON.stringify(saved),
+      progress: window.__progress.filter((p) => String(p.nodeId) === samplerId).map((p) => p.text),
+    };
+  }, result.loaded.samplerId);
+  const prompt = await page.evaluate(async () => (await window.comfyAPI.app.app.graphToPrompt()).output);
+  result.promptInputs = prompt[result.loaded.samplerId]?.inputs ?? null;
+  // Frame the sampler, its summary and the previews for the screenshot.
+  await page.evaluate((samplerId) => {
+    const app = window.comfyAPI.app.app;
+    document.querySelectorAll(".p-dialog-mask, .p-toast").forEach((e) => e.remove());
+    const ds = app.canvas.ds;
+    ds.scale = 0.72; ds.offset = [90, 75];
+    app.canvas.setDirty(true, true);
+  }, result.loaded.samplerId);
+  await page.waitForTimeout(1000);
+  await page.screenshot({ path: shot });
+} catch (e) {
+  result.error = String(e && e.stack || e);
+} finally {
+  await context.close();
+}
+console.log("RESULT " + JSON.stringify(result));
+"""
+
+
+@pytest.fixture(scope="module")
+def comfy_server():
+    comfy = find_comfyui()
+    if comfy is None:
+        skip_loudly("no ComfyUI found")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        skip_loudly(f"no Chromium at {CHROMIUM}")
+    if shutil.which("node") is None:
+        skip_loudly("no node")
+    if not (PLAYWRIGHT / "playwright-core" / "package.json").is_file():
+        skip_loudly(f"no playwright-core in {PLAYWRIGHT}")
+    tmp = Path(tempfile.mkdtemp(prefix="cached-sampler-browser-"))
+    for name in ("custom_nodes", "user", "output", "temp", "input", "profile"):
+        (tmp / name).mkdir()
+    (tmp / "custom_nodes" / PACK_DIR_NAME).symlink_to(ROOT, target_is_directory=True)
+    # Dismiss first-run dialogs for this throw-away user.
+    (tmp / "user" / "default").mkdir()
+    (tmp / "user" / "default" / "comfy.settings.json").write_text(json.dumps({
+        "Comfy.TutorialCompleted": True, "Comfy.InstalledVersion": "99.0.0"}))
+    (tmp / "extra_model_paths.yaml").write_text(f"cached_sampler_browser_test:\n  base_path: {tmp}\n"
+                                                f"  custom_nodes: custom_nodes/\n")
+    port = free_port()
+    log = open(tmp / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+         "--extra-model-paths-config", str(tmp / "extra_model_paths.yaml"), "--user-directory", str(tmp / "user"),
+         "--output-directory", str(tmp / "output"), "--temp-directory", str(tmp / "temp"),
+         "--input-directory", str(tmp / "input"), "--database-url", "sqlite:///:memory:",
+         "--disable-auto-launch", "--disable-api-nodes"],
+        cwd=comfy, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"ComfyUI exited with {server.returncode}:\n{(tmp / 'server.log').read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(url + "/api/object_info/CachedSampler", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"ComfyUI did not answer in {SERVER_START_S} s:\n{(tmp / 'server.log').read_text()[-4000:]}")
+            time.sleep(1)
+        yield url, tmp
+    finally:
+        stop(server)
+        log.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(tmp / "server.log", ARTIFACTS / "browser_server.log")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
+    url, tmp = comfy_server
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "browser_tiny_digits.png"
+    driver = tmp / "driver.mjs"
+    driver.write_text(DRIVER)
+    browser = subprocess.Popen(
+        ["node", str(driver), str(PLAYWRIGHT), url, str(tmp / "profile"), str(shot), WORKFLOW, PACK_DIR_NAME],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "CHROMIUM": CHROMIUM, "BROWSER_FLAGS": json.dumps(FLAGS),
+             "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "PLAYWRIGHT_BROWSERS_PATH": str(tmp / "no-browsers")})
+    try:
+        out, _ = browser.communicate(timeout=BROWSER_S)
+    except subprocess.TimeoutExpired:
+        stop(browser, grace=5)
+        out = browser.communicate()[0]
+        pytest.fail(f"the browser run took over {BROWSER_S} s:\n{out[-4000:]}")
+    finally:
+        stop(browser, grace=5)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"driver printed no result:\n{out[-4000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    (ARTIFACTS / "browser_result.json").write_text(json.dumps(result, indent=1))
+    assert "error" not in result, result["error"]
+
+    loaded = result["loaded"]
+    assert WORKFLOW in loaded["templates"], "listed by the template endpoint"
+    assert loaded["missing"] == [], f"missing node types: {loaded['missing']}"
+    assert "cached_sampler.summary" in result["extensions"], "the web extension loaded"
+    assert result["done"] == "success", result["done"]
+
+    after = result["after"]
+    text = after["summaryText"] or ""
+    assert "First Block Cache + TaylorSeer" in text, text
+    assert "/20 steps computed" in text and "saved" in text and "acted: First Block Cache" in text, text
+    assert "cond " in text and "uncond " in text, text
+    assert after["summaryVisible"]
+    assert len(after["progress"]) >= 20, "live progress text arrived for each step"
+    assert after["progress"][0].splitlines()[1].startswith("step 1/20:")
+
+    # The summary is display only: not in the saved workflow, not in the prompt.
+    assert after["savedValues"] == loaded["savedValues"], (after["savedValues"], loaded["savedValues"])
+    for shown in [*text.splitlines()[1:], "skipped so far", "model work saved"]:
+        assert shown not in after["savedJson"], f"{shown!r} was saved in the workflow"
+    assert set(result["promptInputs"]) <= {"model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
+                                           "negative", "latent_image", "denoise", "interceptors", "allow_distilled",
+                                           "cache_on_cpu"}
+    errors = [c for c in result["console"] if "cached_sampler" in c.lower() or "cached sampler" in c.lower()]
+    assert not errors, errors
+    assert shot.is_file()
