@@ -1,9 +1,9 @@
 """The pack in a real ComfyUI server and a real browser (headless Chromium driven by playwright-core).
 
-Starts ``main.py`` with the pack in a temporary custom_nodes folder, loads the tiny-model example
-workflow from the server's template endpoint the way the template browser does, queues it, and checks
-that the Cached Sampler node shows the run summary, that progress text arrived while it ran, and that
-the summary is not saved in the workflow. Everything it starts is stopped, and bounded in time.
+Starts ``main.py`` with the pack in a temporary custom_nodes folder, loads every example workflow from
+the server's template endpoint the way the template browser does (no missing node types, the same widget
+values read back), queues the tiny-model one, and checks that the Cached Sampler node shows the run
+summary, that progress text arrived while it ran, and that the summary is not saved in the workflow. Everything it starts is stopped, and bounded in time.
 Installs nothing: ``tools/setup.sh`` provides Chromium and playwright-core (in ``.browser/``).
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from comfy_harness import PACK_DIR_NAME, find_comfyui  # noqa: E402
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 PLAYWRIGHT = ROOT / ".browser" / "node_modules"
 WORKFLOW = "tiny_digits_tuning_plot"
+EXAMPLES = sorted(p.stem for p in (ROOT / "example_workflows").glob("*.json"))
 ARTIFACTS = ROOT / "artifacts"
 SERVER_START_S, BROWSER_S = 180, 240
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -83,6 +84,51 @@ try {
   await page.waitForTimeout(1500);
   result.extensions = await page.evaluate(() =>
     window.comfyAPI.app.app.extensions.map((e) => e.name).filter((n) => n.startsWith("cached_sampler")));
+  // Every example loads with no missing node types, and the frontend reads back the same widget values.
+  result.examples = {};
+  for (const name of JSON.parse(process.env.EXAMPLES)) {
+    const before = result.console.length;
+    result.examples[name] = await page.evaluate(async ([name, module]) => {
+      const app = window.comfyAPI.app.app, api = window.comfyAPI.api.api;
+      const wf = await (await api.fetchApi(`/workflow_templates/${module}/${name}.json`)).json();
+      await app.loadGraphData(wf, true, true, name, { openSource: "template" });
+      const saved = app.graph.serialize();
+      const changed = wf.nodes.filter((n) => {
+        const now = saved.nodes.find((m) => m.id === n.id);
+        return !now || JSON.stringify(now.widgets_values) !== JSON.stringify(n.widgets_values);
+      }).map((n) => `${n.type}: ${JSON.stringify(n.widgets_values)} -> ` +
+        JSON.stringify(saved.nodes.find((m) => m.id === n.id)?.widgets_values));
+      return {
+        missing: app.graph.nodes.filter((n) => !window.LiteGraph.registered_node_types[n.type]).map((n) => n.type),
+        nodes: app.graph.nodes.length, expected: wf.nodes.length, links: saved.links.length,
+        expectedLinks: wf.links.length, changed,
+      };
+    }, [name, module]);
+    result.examples[name].console = result.console.slice(before);
+    const clip = await page.evaluate(async () => {  // fit the whole graph below the toolbars, then clip to it
+      const app = window.comfyAPI.app.app, rect = app.canvas.canvas.getBoundingClientRect();
+      const title = window.LiteGraph.NODE_TITLE_HEIGHT, ds = app.canvas.ds;
+      const gx = app.graph.nodes.flatMap((n) => [n.pos[0], n.pos[0] + n.size[0]]);
+      const gy = app.graph.nodes.flatMap((n) => [n.pos[1] - title, n.pos[1] + n.size[1]]);
+      const [left, top] = [Math.min(...gx), Math.min(...gy)];
+      const [w, h] = [Math.max(...gx) - left, Math.max(...gy) - top];
+      const [areaX, areaY] = [70 - rect.left, 100 - rect.top];
+      ds.scale = Math.min((rect.width - areaX - 20) / w, (rect.height - areaY - 20) / h, 1);
+      ds.offset = [areaX / ds.scale - left, areaY / ds.scale - top];
+      app.canvas.setDirty(true, true);
+      await new Promise((r) => setTimeout(r, 400));
+      const xs = [], ys = [];
+      for (const n of app.graph.nodes) {
+        const [x0, y0] = ds.convertOffsetToCanvas([n.pos[0], n.pos[1] - title]);
+        const [x1, y1] = ds.convertOffsetToCanvas([n.pos[0] + n.size[0], n.pos[1] + n.size[1]]);
+        xs.push(x0, x1); ys.push(y0, y1);
+      }
+      const x = Math.max(rect.left, rect.left + Math.min(...xs) - 12), y = Math.max(rect.top, rect.top + Math.min(...ys) - 12);
+      return { x, y, width: Math.min(rect.right, rect.left + Math.max(...xs) + 12) - x,
+               height: Math.min(rect.bottom, rect.top + Math.max(...ys) + 12) - y };
+    });
+    await page.screenshot({ path: `${process.env.SHOTS}/example_${name}.png`, clip });
+  }
   // Load the example as the template browser does: fetch it from the template endpoint, loadGraphData.
   result.loaded = await page.evaluate(async ([workflowName, module]) => {
     const app = window.comfyAPI.app.app, api = window.comfyAPI.api.api;
@@ -160,7 +206,7 @@ def comfy_server():
     # Dismiss first-run dialogs for this throw-away user.
     (tmp / "user" / "default").mkdir()
     (tmp / "user" / "default" / "comfy.settings.json").write_text(json.dumps({
-        "Comfy.TutorialCompleted": True, "Comfy.InstalledVersion": "99.0.0"}))
+        "Comfy.TutorialCompleted": True, "Comfy.InstalledVersion": "99.0.0", "Comfy.Minimap.Visible": False}))
     (tmp / "extra_model_paths.yaml").write_text(f"cached_sampler_browser_test:\n  base_path: {tmp}\n"
                                                 f"  custom_nodes: custom_nodes/\n")
     port = free_port()
@@ -206,7 +252,8 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     browser = subprocess.Popen(
         ["node", str(driver), str(PLAYWRIGHT), url, str(tmp / "profile"), str(shot), WORKFLOW, PACK_DIR_NAME],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "CHROMIUM": CHROMIUM, "BROWSER_FLAGS": json.dumps(FLAGS),
+        env={**os.environ, "CHROMIUM": CHROMIUM, "BROWSER_FLAGS": json.dumps(FLAGS), "SHOTS": str(ARTIFACTS),
+             "EXAMPLES": json.dumps(EXAMPLES),
              "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "PLAYWRIGHT_BROWSERS_PATH": str(tmp / "no-browsers")})
     try:
         out, _ = browser.communicate(timeout=BROWSER_S)
@@ -221,6 +268,14 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     result = json.loads(lines[-1][len("RESULT "):])
     (ARTIFACTS / "browser_result.json").write_text(json.dumps(result, indent=1))
     assert "error" not in result, result["error"]
+
+    for name in EXAMPLES:
+        example = result["examples"][name]
+        assert example["missing"] == [], f"{name}: missing node types {example['missing']}"
+        assert example["nodes"] == example["expected"] and example["links"] == example["expectedLinks"], example
+        assert example["changed"] == [], f"{name}: the frontend read other widget values: {example['changed']}"
+        problems = [c for c in example["console"] if "404" not in c]
+        assert not problems, f"{name}: {problems}"
 
     loaded = result["loaded"]
     assert WORKFLOW in loaded["templates"], "listed by the template endpoint"

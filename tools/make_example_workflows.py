@@ -7,7 +7,9 @@ the files always match the nodes. Run from the pack's folder after changing node
     python3 tools/make_example_workflows.py
 
 The tiny-model workflow's thumbnail shows its real output (digits and tuning plot, sampled here); the
-others show the graph itself, since they need model files to run.
+others show the graph itself, since they need model files to run: with ``--thumbnails-from-browser`` as
+the browser test screenshotted it in ComfyUI (run ``python3 -m pytest tests/test_browser.py`` first), else
+a drawing of the graph (only where no thumbnail exists yet).
 """
 from __future__ import annotations
 
@@ -365,6 +367,14 @@ TITLES = {
 }
 
 
+def from_screenshot(path: Path):
+    """A thumbnail from the browser test's screenshot of the loaded workflow (artifacts/example_NAME.png)."""
+    from PIL import Image
+    shot = Image.open(path).convert("RGB")
+    scale = 512 / shot.width
+    return shot.resize((512, round(shot.height * scale)), Image.LANCZOS)
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from comfy_harness import Comfy, find_comfyui
@@ -377,8 +387,13 @@ def main() -> None:
     for name, make in WORKFLOWS.items():
         workflow = make(defs)
         (OUT / f"{name}.json").write_text(json.dumps(workflow, indent=1) + "\n", encoding="utf-8")
-        image = run_tiny_thumbnail(comfy, workflow, defs) if name == RUNNABLE else schematic(workflow, TITLES[name])
-        image.save(OUT / f"{name}.jpg", quality=88)
+        thumb, shot = OUT / f"{name}.jpg", ROOT / "artifacts" / f"example_{name}.png"
+        if name == RUNNABLE:
+            run_tiny_thumbnail(comfy, workflow, defs).save(thumb, quality=88)
+        elif "--thumbnails-from-browser" in sys.argv and shot.is_file():
+            from_screenshot(shot).save(thumb, quality=88)
+        elif not thumb.is_file():
+            schematic(workflow, TITLES[name]).save(thumb, quality=88)
         print("wrote", OUT / f"{name}.json")
 
 
