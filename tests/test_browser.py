@@ -79,6 +79,8 @@ try {
   const page = context.pages()[0] ?? await context.newPage();
   page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") result.console.push(m.text()); });
   page.on("pageerror", (e) => result.console.push("pageerror: " + e.message));
+  const full = process.env.MODE !== "without-extension";
+  if (!full) await context.route("**/extensions/" + module + "/**", (route) => route.abort());
   await page.goto(url, { waitUntil: "domcontentloaded" });
   await page.waitForFunction(() => window.comfyAPI?.app?.app?.graph && window.LiteGraph, null, { timeout: 90000 });
   await page.waitForTimeout(1500);
@@ -86,7 +88,7 @@ try {
     window.comfyAPI.app.app.extensions.map((e) => e.name).filter((n) => n.startsWith("cached_sampler")));
   // Every example loads with no missing node types, and the frontend reads back the same widget values.
   result.examples = {};
-  for (const name of JSON.parse(process.env.EXAMPLES)) {
+  for (const name of full ? JSON.parse(process.env.EXAMPLES) : []) {
     const before = result.console.length;
     result.examples[name] = await page.evaluate(async ([name, module]) => {
       const app = window.comfyAPI.app.app, api = window.comfyAPI.api.api;
@@ -146,7 +148,11 @@ try {
              savedValues: wf.nodes.find((n) => n.type === "CachedSampler").widgets_values,
              widgetsBefore: sampler.widgets.map((w) => w.name) };
   }, [workflowName, module]);
-  await page.evaluate(async () => { await window.comfyAPI.app.app.queuePrompt(0, 1); });
+  await page.evaluate(async ([samplerId, seed]) => {  // each mode its own seed: ComfyUI would reuse a cached run
+    const app = window.comfyAPI.app.app;
+    app.graph.getNodeById(Number(samplerId)).widgets.find((w) => w.name === "seed").value = seed;
+    await app.queuePrompt(0, 1);
+  }, [result.loaded.samplerId, full ? 0 : 1]);
   await page.waitForFunction(() => window.__done !== null, null, { timeout: 150000 });
   result.done = await page.evaluate(() => window.__done);
   await page.waitForFunction(() => {
@@ -160,6 +166,7 @@ try {
     const saved = app.graph.serialize();
     return {
       summaryText: summary ? summary.innerText : null,
+      previewText: sampler.widgets.find((w) => w.name === "$$node-text-preview")?.value ?? null,
       summaryVisible: !!summary && summary.getBoundingClientRect().height > 20,
       widgets: sampler.widgets.map((w) => w.name),
       savedValues: saved.nodes.find((n) => String(n.id) === samplerId).widgets_values,
@@ -243,17 +250,16 @@ def comfy_server():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
-    url, tmp = comfy_server
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "browser_tiny_digits.png"
+def drive(url: str, tmp: Path, shot: Path, mode: str) -> dict:
+    """Run the browser driver once (bounded in time, its process group stopped) and return its result."""
     driver = tmp / "driver.mjs"
     driver.write_text(DRIVER)
+    profile = Path(tempfile.mkdtemp(prefix="profile-", dir=tmp))
     browser = subprocess.Popen(
-        ["node", str(driver), str(PLAYWRIGHT), url, str(tmp / "profile"), str(shot), WORKFLOW, PACK_DIR_NAME],
+        ["node", str(driver), str(PLAYWRIGHT), url, str(profile), str(shot), WORKFLOW, PACK_DIR_NAME],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "CHROMIUM": CHROMIUM, "BROWSER_FLAGS": json.dumps(FLAGS), "SHOTS": str(ARTIFACTS),
-             "EXAMPLES": json.dumps(EXAMPLES),
+             "EXAMPLES": json.dumps(EXAMPLES), "MODE": mode,
              "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "PLAYWRIGHT_BROWSERS_PATH": str(tmp / "no-browsers")})
     try:
         out, _ = browser.communicate(timeout=BROWSER_S)
@@ -266,9 +272,29 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert lines, f"driver printed no result:\n{out[-4000:]}"
     result = json.loads(lines[-1][len("RESULT "):])
-    (ARTIFACTS / "browser_result.json").write_text(json.dumps(result, indent=1))
+    (ARTIFACTS / f"browser_result_{mode}.json").write_text(json.dumps(result, indent=1))
     assert "error" not in result, result["error"]
+    return result
 
+
+def test_without_the_extension_the_node_still_shows_the_summary_text(comfy_server):
+    url, tmp = comfy_server
+    ARTIFACTS.mkdir(exist_ok=True)
+    result = drive(url, tmp, ARTIFACTS / "browser_without_extension.png", "without-extension")
+    assert "cached_sampler.summary" not in result["extensions"]
+    assert result["done"] == "success", result["done"]
+    after = result["after"]
+    assert after["summaryText"] is None
+    assert after["previewText"] and "/20 steps (cond " in after["previewText"], after["previewText"]
+    saved = result["loaded"]["savedValues"]
+    assert after["savedValues"][:len(saved)] == [1, *saved[1:]], "the frontend alone keeps the widget positions"
+
+
+def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
+    url, tmp = comfy_server
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "browser_tiny_digits.png"
+    result = drive(url, tmp, shot, "full")
     for name in EXAMPLES:
         example = result["examples"][name]
         assert example["missing"] == [], f"{name}: missing node types {example['missing']}"
