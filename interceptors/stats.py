@@ -34,7 +34,9 @@ class RunSummary:
         return 1.0 / max(1.0 - self.work_saved, 1e-6)
 
     def text(self) -> str:
-        per_branch = ", ".join(f"{name} {done}/{seen}" for name, (done, seen) in self.branches.items())
+        order = {"cond": 0, "uncond": 1}
+        branches = sorted(self.branches.items(), key=lambda kv: (order.get(kv[0].split("#")[0], 2), kv[0]))
+        per_branch = ", ".join(f"{name} {done}/{seen}" for name, (done, seen) in branches)
         acted = ", ".join(self.acted) if self.acted else "none"
         return (f"computed {self.evaluations - self.evaluations_skipped}/{self.evaluations} model evaluations "
                 f"({per_branch}); model work saved {self.work_saved:.0%}, estimated speedup "
