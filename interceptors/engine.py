@@ -105,7 +105,7 @@ def as_outputs(result, out_keys: tuple[str, ...]) -> dict:
 def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[str, ...], args: dict,
                run_block: Callable[[dict], dict], modulated_input: Callable[[], torch.Tensor] | None = None) -> dict:
     """Run (or pass through) one transformer block at ``position`` in execution order."""
-    forward = run.forward
+    forward = run.current_forward
     decider = run.chain.decider(Granularity.BLOCKS)
     record = forward.evaluation.record if forward is not None else None
     if record is not None:

@@ -137,7 +137,7 @@ class LoopState:
         self.shared: dict[str, dict] = defaultdict(dict)
         self.records: list[EvaluationRecord] = []
         self.evaluation: Evaluation | None = None
-        self.forward: Forward | None = None
+        self.current_forward: Forward | None = None
         self.card = None
         self._windows = {d.id: self._window(d) for d in chain.deciders}
 
@@ -200,8 +200,8 @@ class LoopState:
             occurrence = ev.occurrences[ident]
             ev.occurrences[ident] += 1
             keys.append(BranchKey(branch, uuid, occurrence, tuple(row_shape), str(dtype), window))
-        self.forward = Forward(ev, keys, batch // len(branches) if cacheable else batch, cacheable)
-        return self.forward
+        self.current_forward = Forward(ev, keys, batch // len(branches) if cacheable else batch, cacheable)
+        return self.current_forward
 
     def end_forward(self, forward: Forward, output: torch.Tensor | None) -> None:
         record = forward.evaluation.record
@@ -214,7 +214,7 @@ class LoopState:
         if output is not None:
             for obs in self.observers:
                 obs.on_forward(self, forward, output)
-        self.forward = None
+        self.current_forward = None
 
     # -- decisions --------------------------------------------------------------------------------
     def decide(self, decider: Decider, signals: dict[BranchKey, torch.Tensor] | None) -> bool:
@@ -268,7 +268,7 @@ class LoopState:
         results such as a calibration's recordings) stay."""
         self.plugin_state.clear()
         self.evaluation = None
-        self.forward = None
+        self.current_forward = None
 
     def estimate(self, key: BranchKey, name: str, sigma: float, like: torch.Tensor) -> torch.Tensor:
         value = self.estimator.estimate(self.plugin_state[self.estimator.id][key][name], sigma)
