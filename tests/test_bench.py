@@ -1,0 +1,147 @@
+"""tools/bench.py in a tiny configuration: every discovered method at the setting that skips nothing
+(plus one setting that skips), a few steps, one timing round, the overhead workload on a small model.
+
+Checks the structure of what the bench writes, that caching switched off reproduces the uncached
+output (PSNR inf, full work), that ComfyUI's EasyCache/LazyCache are measured as peers, that another
+pack's caching node is discovered, and that a method that fails is reported, not fatal.
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+if str(TOOLS) not in sys.path:
+    sys.path.insert(0, str(TOOLS))
+
+
+class FakePackTeaCache:
+    """Stands in for another pack's caching node (MODEL -> MODEL with a threshold); fails above 0.5."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",),
+                             "rel_l1_thresh": ("FLOAT", {"default": 0.4, "min": 0.0, "max": 10.0}),
+                             "model_type": (["hunyuan_video", "flux", "wan2.1"],)}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "apply"
+    CATEGORY = "testing"
+
+    def apply(self, model, rel_l1_thresh, model_type):
+        if model_type != "flux":
+            raise ValueError("the bench should pick the Flux option")
+        if rel_l1_thresh > 0.5:
+            raise RuntimeError("fake peer failure")
+        return (model.clone(),)
+
+
+@pytest.fixture(scope="module")
+def results(comfy, tmp_path_factory):
+    import nodes
+
+    import bench
+    nodes.NODE_CLASS_MAPPINGS["FakePackTeaCache"] = FakePackTeaCache
+    out = tmp_path_factory.mktemp("bench")
+    zero = {key: [1 if key == "fixed_cadence" else 0.0] for key in bench.SWEEPS}
+    zero["fixed_cadence"] = [1, 2]
+    zero["autocalibrate"] = [30.0]
+    zero["fakepackteacache"] = [0.0, 1.0]
+    config = bench.Config(steps=[4], repeats=[1], taylorseer=[1], sweeps=zero, overhead_repeats=1,
+                          overhead_steps=2, overhead_image=64,
+                          overhead_model={"hidden_size": 64, "num_heads": 2, "depth": 1, "depth_single_blocks": 1,
+                                          "seed": 0},
+                          other_packs=False, out=str(out), verbose=False, extend=0)
+    try:
+        data = bench.run_bench(config, comfy=comfy)
+    finally:
+        del nodes.NODE_CLASS_MAPPINGS["FakePackTeaCache"]
+    return data, out
+
+
+def test_writes_table_json_and_plot(results):
+    data, out = results
+    from PIL import Image
+    text = (out / "results.md").read_text()
+    assert "Best work reduction at a PSNR target, 4 steps" in text
+    assert "Overhead when nothing is skipped" in text and "pareto.png" in text
+    stored = json.loads((out / "results.json").read_text())
+    assert set(stored) >= {"meta", "digits", "overhead", "skipped"}
+    assert set(stored["digits"]["4"]) >= {"baseline", "rows", "targets", "versus"}
+    with Image.open(out / "pareto.png") as img:
+        assert img.width >= 600 and img.height >= 400
+
+
+def test_caching_off_reproduces_the_uncached_run(results):
+    data, out = results
+    rows = data["digits"]["4"]["rows"]
+    off = [r for r in rows if r["value"] == (1 if r["param"] == "interval" else 0.0)]
+    assert len(off) >= 8
+    for r in off:
+        assert r["error"] is None, r
+        assert r["psnr"] == math.inf and r["work"] == 1.0 and r["identical"], r
+    stored = json.loads((out / "results.json").read_text())
+    assert all(r["psnr"] == "inf" for r in stored["digits"]["4"]["rows"]
+               if r["value"] == 0.0 and r["param"] == "threshold")
+    skipping = next(r for r in rows if r["key"] == "fixed_cadence" and r["value"] == 2)
+    assert skipping["work"] < 0.8 and math.isfinite(skipping["psnr"]) and skipping["speedup"] > 0
+
+
+def test_peers_are_measured_and_compared(results):
+    data, _ = results
+    w = data["digits"]["4"]
+    rows = w["rows"]
+    assert any(r["method"] == "EasyCache (ComfyUI core)" and r["source"] == "ComfyUI core" for r in rows)
+    assert any(r["method"].startswith("LazyCache") for r in rows)
+    assert "EasyCache (ComfyUI core)" in w["targets"]
+    first_pack = next(r["method"] for r in rows if r["source"] == "pack")
+    assert {"EasyCache", "LazyCache"} <= set(w["versus"][first_pack])
+    assert set(w["targets"][first_pack]) == {"30", "31", "35", "40", "45"}
+
+
+def test_other_pack_discovered_and_failure_reported(results):
+    data, _ = results
+    fake = [r for r in data["digits"]["4"]["rows"] if r["node"] == "FakePackTeaCache"]
+    assert [r["value"] for r in fake] == [0.0, 1.0]
+    assert fake[0]["error"] is None and fake[0]["psnr"] == math.inf
+    assert "fake peer failure" in fake[1]["error"]
+
+
+def test_pack_methods_and_overhead_rows(results):
+    data, _ = results
+    keys = {r["key"] for r in data["digits"]["4"]["rows"]}
+    assert {"fixed_cadence", "fbcache", "adaptive", "easycache", "lazycache"} <= keys
+    assert "fbcache+ts1" in keys
+    overhead = data["overhead"]["rows"]
+    assert overhead and all(r["error"] or r["work"] == 1.0 for r in overhead)
+    ok = [r for r in overhead if not r["error"]]
+    assert ok and all(r["identical"] and "overhead_percent" in r for r in ok)
+
+
+def test_sweep_extension_and_targets_without_comfyui():
+    import types
+
+    import bench
+    bench_self = types.SimpleNamespace(config=bench.Config())
+    fc = bench.Method("fixed_cadence", "Fixed Cadence", "Fixed Cadence", "pack", "N", "interval", [1, 2])
+    th = bench.Method("fbcache", "FB", "FB", "pack", "N", "threshold", [0.0, 0.4], param_max=1.0)
+    curve = [{"key": "x", "psnr": math.inf, "work": 1.0}, {"key": "x", "psnr": 38.0, "work": 0.5}]
+    assert bench.Bench._extension(bench_self, fc, 2, curve) == 3
+    assert bench.Bench._extension(bench_self, th, 0.8, curve) == 1.0  # capped at the node's maximum
+    assert bench.Bench._extension(bench_self, th, 1.0, curve) is None
+    saturated = [{"key": "x", "psnr": 38.0, "work": 0.5}, {"key": "x", "psnr": 37.0, "work": 0.5}]
+    assert bench.Bench._extension(bench_self, th, 0.4, saturated) is None
+    below = curve[:1] + [{"key": "x", "psnr": 29.0, "work": 0.4}]
+    assert bench.Bench._extension(bench_self, th, 0.4, below) is None
+
+    rows = [{"method": "A", "family": "A", "source": "pack", "psnr": math.inf, "work": 1.0},
+            {"method": "A", "family": "A", "source": "pack", "psnr": 41.0, "work": 0.5},
+            {"method": "A", "family": "A", "source": "pack", "psnr": 33.0, "work": 0.3},
+            {"method": "E", "family": "EasyCache", "source": "ComfyUI core", "psnr": math.inf, "work": 1.0},
+            {"method": "E", "family": "EasyCache", "source": "ComfyUI core", "psnr": 36.0, "work": 0.6}]
+    analysis = bench.analyse(rows)
+    assert analysis["targets"]["A"] == {"30": 0.7, "31": 0.7, "35": 0.5, "40": 0.5, "45": 0.0}
+    versus = analysis["versus"]["A"]["EasyCache"]
+    assert versus == {"better": 12, "equal": 4, "worse": 0, "beats": True}
