@@ -100,67 +100,28 @@ class BenchCountWork:
         return (m,)
 
 
-class BenchCaptureLatent:
-    """Stores the latent under ``key``; re-runs on every prompt."""
+def _capture_node(name: str, doc: str, input_name: str, spec: tuple, keep) -> type:
+    """An output node that stores ``keep(value)`` under its ``key`` input on every prompt (never cached)."""
 
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"samples": ("LATENT",), "key": ("STRING", {"default": "out"})}}
-
-    RETURN_TYPES = ()
-    FUNCTION = "capture"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    @classmethod
-    def IS_CHANGED(cls, **kwargs):
-        return float("nan")
-
-    def capture(self, samples, key):
-        CAPTURED[key] = samples["samples"].detach().clone()
+    def capture(self, key, **inputs):
+        CAPTURED[key] = keep(inputs[input_name])
         return {}
 
-
-class BenchCaptureText:
-    """Stores a STRING output (e.g. the ratios MagCache Calibrate records) under ``key``."""
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"text": ("STRING", {"forceInput": True}), "key": ("STRING", {"default": "text"})}}
-
-    RETURN_TYPES = ()
-    FUNCTION = "capture"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    @classmethod
-    def IS_CHANGED(cls, **kwargs):
-        return float("nan")
-
-    def capture(self, text, key):
-        CAPTURED[key] = text
-        return {}
+    return type(name, (), {
+        "__doc__": doc,
+        "INPUT_TYPES": classmethod(lambda cls: {"required": {input_name: spec, "key": ("STRING", {"default": input_name})}}),
+        "RETURN_TYPES": (), "FUNCTION": "capture", "OUTPUT_NODE": True, "CATEGORY": "testing",
+        "IS_CHANGED": classmethod(lambda cls, **kwargs: float("nan")),
+        "capture": capture,
+    })
 
 
-class BenchCaptureChain:
-    """Stores an interceptor chain (e.g. the plan Auto Calibrate made) under ``key``."""
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"chain": ("CACHED_SAMPLER_CHAIN",), "key": ("STRING", {"default": "chain"})}}
-
-    RETURN_TYPES = ()
-    FUNCTION = "capture"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    @classmethod
-    def IS_CHANGED(cls, **kwargs):
-        return float("nan")
-
-    def capture(self, chain, key):
-        CAPTURED[key] = chain
-        return {}
+BenchCaptureLatent = _capture_node("BenchCaptureLatent", "Stores the latent under ``key``.", "samples", ("LATENT",),
+                                   lambda latent: latent["samples"].detach().clone())
+BenchCaptureText = _capture_node("BenchCaptureText", "Stores a STRING output (e.g. MagCache Calibrate's ratios).",
+                                 "text", ("STRING", {"forceInput": True}), lambda text: text)
+BenchCaptureChain = _capture_node("BenchCaptureChain", "Stores an interceptor chain (e.g. Auto Calibrate's plan).",
+                                  "chain", ("CACHED_SAMPLER_CHAIN",), lambda chain: chain)
 
 
 class BenchChain:
