@@ -141,6 +141,16 @@ class Decider(Interceptor):
 
 
 @dataclasses.dataclass(frozen=True)
+class RecordingDecider(Decider):
+    """Computes everything and only watches: the calibration passes, whose output must equal the plain run."""
+
+    alters_output: ClassVar[bool] = False
+
+    def decide(self, run: "LoopState", ev: "Evaluation", signals) -> bool:
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
 class Estimator(Interceptor):
     """Supplies the value used in place of a skipped computation, from what was observed before.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from .base import Decider, Granularity, InterceptorError, check_range
+from .base import Decider, Granularity, InterceptorError, RecordingDecider, check_range
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
@@ -119,16 +119,12 @@ class MagCache(Decider):
 
 
 @dataclasses.dataclass(frozen=True)
-class MagnitudeRecorder(Decider):
-    """Computes every step and records MagCache's magnitude ratio of the block-stack residual."""
+class MagnitudeRecorder(RecordingDecider):
+    """Records MagCache's magnitude ratio of the block-stack residual at every step."""
 
     kind = "magcache_recorder"
     display_name = "MagCache calibration"
     granularity = Granularity.BLOCKS
-    alters_output = False
-
-    def decide(self, run, ev, signals) -> bool:
-        return True
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
         shared = run.shared[self.id]

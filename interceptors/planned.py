@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .base import Decider, Granularity, InterceptorError
+from .base import Decider, Granularity, InterceptorError, RecordingDecider
 from .taylorseer import lagrange_weights
 
 
@@ -47,16 +47,12 @@ class PlannedSchedule(Decider):
 
 
 @dataclasses.dataclass(frozen=True)
-class Recorder(Decider):
-    """Computes everything and keeps each evaluation's output (epsilon space) for calibration."""
+class Recorder(RecordingDecider):
+    """Keeps each evaluation's output (epsilon space) for calibration."""
 
     kind = "recorder"
     display_name = "Calibration recorder"
     granularity = Granularity.MODEL
-    alters_output = False
-
-    def decide(self, run, ev, signals) -> bool:
-        return True
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
         record = run.shared[self.id].setdefault("evaluations", {})
