@@ -20,7 +20,6 @@ from typing import Callable
 
 import torch
 
-from .base import Granularity
 from .state import Forward, LoopState
 
 
@@ -39,7 +38,7 @@ def from_eps(x: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.T
 def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torch.Tensor,
                   compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Run (or skip) one whole-model forward. ``compute`` runs the real model and returns denoised."""
-    decider = run.chain.decider(Granularity.MODEL)
+    decider = run.model_decider
     if decider is None or not forward.cacheable or sigma.numel() != x.shape[0] or bool((sigma == 0).any()):
         return compute()
     ev = forward.evaluation
@@ -106,7 +105,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
                run_block: Callable[[dict], dict], modulated_input: Callable[[], torch.Tensor] | None = None) -> dict:
     """Run (or pass through) one transformer block at ``position`` in execution order."""
     forward = run.current_forward
-    decider = run.chain.decider(Granularity.BLOCKS)
+    decider = run.block_decider
     record = forward.evaluation.record if forward is not None else None
     if record is not None:
         record.blocks_total += 1
@@ -133,8 +132,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         return out
 
     first, last = plan.segments[segment]
-    if not forward.block_decided:
-        forward.block_decided = True
+    if forward.skip_blocks is None:  # the first skippable block decides for the whole forward
         signals = forward.signals.get(decider.id)
         compute_it = run.decide(decider, signals)
         forward.skip_blocks = not compute_it and all(_segments_cached(run, plan, key) for key in forward.keys)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
-from .base import Decider
+from .base import Decider, Granularity
 from .chain import InterceptorChain
 
 BRANCH_NAMES = {0: "cond", 1: "uncond"}
@@ -94,8 +94,7 @@ class Forward:
         self.cacheable = cacheable
         self.computed = True             # False when any of its model work was skipped
         self.model_skipped = False       # the whole forward was replaced (whole-model level)
-        self.skip_blocks: bool | None = None
-        self.block_decided = False
+        self.skip_blocks: bool | None = None  # None until the block-level decision is made
         self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
         self.probe_input: torch.Tensor | None = None
         self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}
@@ -128,6 +127,9 @@ class LoopState:
                  cache_device: torch.device | str | None = None, observers: Sequence[Any] = ()):
         self.chain = chain
         self.estimator = chain.estimator
+        # looked up once: the engine asks for them on every forward and every block
+        self.model_decider = chain.decider(Granularity.MODEL)
+        self.block_decider = chain.decider(Granularity.BLOCKS)
         self.sample_sigmas = [float(s) for s in sample_sigmas]
         self.total_steps = max(len(self.sample_sigmas) - 1, 0)
         self.percent_to_sigma = percent_to_sigma
