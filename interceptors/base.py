@@ -70,6 +70,11 @@ class Interceptor:
     # False: refuse to run on a model compiled by TorchCompileModel. Block-level interceptors are refused there
     # whatever they declare: they run inside the compiled graph (see InterceptorChain.compile_problems).
     compile_safe: ClassVar[bool] = True
+    # What the interceptor learns during one run, as a dataclass with named fields: the run makes a fresh
+    # one (LoopState.state_of) and drops it with the run. BranchState is the same, one per CFG branch
+    # (LoopState.branch_of), for what must never leak from one branch's cache into another's.
+    RunState: ClassVar[type | None] = None
+    BranchState: ClassVar[type | None] = None
 
     node: str = dataclasses.field(default="", compare=False)
 

@@ -136,6 +136,8 @@ class LoopState:
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.observers = list(observers)
         self.plugin_state: dict[str, dict[Any, dict]] = defaultdict(lambda: defaultdict(dict))
+        self.run_states: dict[str, Any] = {}
+        self.branch_states: dict[str, dict[BranchKey, Any]] = {}
         self.shared: dict[str, dict] = defaultdict(dict)
         self.records: list[EvaluationRecord] = []
         self.evaluation: Evaluation | None = None
@@ -247,6 +249,22 @@ class LoopState:
         record = self.evaluation.record
         record.metric, record.threshold = float(value), float(threshold)
 
+    # -- typed interceptor state ---------------------------------------------------------------------
+    def state_of(self, interceptor) -> Any:
+        """``interceptor``'s run state: an instance of its ``RunState`` dataclass, made on first use."""
+        state = self.run_states.get(interceptor.id)
+        if state is None:
+            state = self.run_states[interceptor.id] = _new_state(interceptor, "RunState")
+        return state
+
+    def branch_of(self, interceptor, key: BranchKey) -> Any:
+        """``interceptor``'s state for one branch: an instance of its ``BranchState``, made on first use."""
+        states = self.branch_states.setdefault(interceptor.id, {})
+        state = states.get(key)
+        if state is None:
+            state = states[key] = _new_state(interceptor, "BranchState")
+        return state
+
     # -- caches -----------------------------------------------------------------------------------
     def branch_state(self, interceptor_id: str, key: BranchKey) -> dict:
         return self.plugin_state[interceptor_id][key]
@@ -275,3 +293,10 @@ class LoopState:
     def estimate(self, key: BranchKey, name: str, sigma: float, like: torch.Tensor) -> torch.Tensor:
         value = self.estimator.estimate(self.plugin_state[self.estimator.id][key][name], sigma)
         return value.to(device=like.device, dtype=like.dtype)
+
+
+def _new_state(interceptor, kind: str):
+    factory = getattr(interceptor, kind, None)
+    if factory is None:
+        raise TypeError(f"{type(interceptor).__name__} keeps run state but declares no {kind} dataclass.")
+    return factory()

@@ -91,3 +91,33 @@ def test_unknown_model_gets_whole_model_card_and_subclass_inherits_family():
     assert card.levels == frozenset({ic.Granularity.MODEL})
     variant = ic.build_card(("WAN21_SomeVariant", "WAN21", "BaseModel"), group_counts={"blocks": 3})
     assert variant.family == "wan" and ic.Granularity.BLOCKS in variant.levels
+
+
+def test_typed_state_is_per_run_and_per_branch():
+    @dataclasses.dataclass(frozen=True)
+    class Counting(ic.FixedCadence):
+        kind = "counting"
+
+        @dataclasses.dataclass
+        class RunState:
+            seen: int = 0
+
+        @dataclasses.dataclass
+        class BranchState:
+            anchor: object = None
+
+    decider = Counting()
+    chain = ic.InterceptorChain.of([decider])
+    first, second = ic.LoopState(chain, [1.0, 0.0]), ic.LoopState(chain, [1.0, 0.0])
+    first.state_of(decider).seen += 1
+    assert first.state_of(decider).seen == 1 and second.state_of(decider).seen == 0
+    cond = ic.BranchKey(0, "c", 0, (4,), "float32")
+    uncond = ic.BranchKey(1, "u", 0, (4,), "float32")
+    first.branch_of(decider, cond).anchor = "cond"
+    assert first.branch_of(decider, uncond).anchor is None and first.branch_of(decider, cond).anchor == "cond"
+
+
+def test_state_without_a_declared_dataclass_is_refused():
+    run = ic.LoopState(ic.InterceptorChain(), [1.0, 0.0])
+    with pytest.raises(TypeError, match="RunState"):
+        run.state_of(ic.FixedCadence())
