@@ -8,6 +8,7 @@ sub-step of a second-order sampler); a :class:`Forward` to one batched model for
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import Counter, defaultdict
 from typing import Any, Callable, Hashable, Sequence
@@ -18,6 +19,7 @@ from .base import Decider, Granularity
 from .chain import InterceptorChain
 
 BRANCH_NAMES = {0: "cond", 1: "uncond"}
+log = logging.getLogger("cached_sampler")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +142,7 @@ class LoopState:
         self.branch_states: dict[str, dict[BranchKey, Any]] = {}
         self.shared: dict[str, dict] = defaultdict(dict)
         self.records: list[EvaluationRecord] = []
+        self.notes: list[str] = []  # what the run switched off or could not do, said once each
         self.evaluation: Evaluation | None = None
         self.current_forward: Forward | None = None
         self.card = None
@@ -248,6 +251,13 @@ class LoopState:
         """Record the change metric a decider compared against its threshold (shown in stats and plot)."""
         record = self.evaluation.record
         record.metric, record.threshold = float(value), float(threshold)
+
+    def note(self, message: str) -> None:
+        """Say once per run that caching was switched off or limited somewhere: one log line, and a line in the
+        run's summary on the node. Never silent, never repeated every step."""
+        if message not in self.notes:
+            self.notes.append(message)
+            log.warning("Cached Sampler: %s", message)
 
     # -- typed interceptor state ---------------------------------------------------------------------
     def state_of(self, interceptor) -> Any:

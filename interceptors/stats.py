@@ -21,6 +21,7 @@ class RunSummary:
     seconds: float
 
     work_done: float = 0.0                        # model forwards' worth of work really done
+    notes: tuple[str, ...] = ()                   # what the run switched off or could not do
 
     @property
     def work_saved(self) -> float:
@@ -63,6 +64,7 @@ def summarize(run: LoopState, seconds: float = 0.0) -> RunSummary:
         interceptors=tuple(ic.label for ic in run.chain),
         acted=acted,
         seconds=seconds,
+        notes=tuple(run.notes),
         work_done=sum(r.forwards_computed * (r.blocks_run / r.blocks_total if r.blocks_total else 1.0)
                       for r in run.records),
     )

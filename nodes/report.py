@@ -121,6 +121,7 @@ class RunReport:
                  f"sampling took {s.seconds:.2f} s"]
         acted = ", ".join(_name(a) for a in s.acted) if s.acted else "none (nothing was skipped)"
         lines.append(f"acted: {acted}")
+        lines.extend(f"note: {n}" for n in s.notes)
         return lines
 
     def text(self) -> str:
@@ -143,7 +144,7 @@ class RunReport:
                 "computed": s.evaluations - s.evaluations_skipped, "skipped": s.evaluations_skipped,
                 "branches": {name: list(v) for name, v in _branches(s)},
                 "work_saved": round(s.work_saved, 4), "speedup": round(s.estimated_speedup, 3),
-                "seconds": round(s.seconds, 3), "acted": [_name(a) for a in s.acted],
+                "seconds": round(s.seconds, 3), "acted": [_name(a) for a in s.acted], "notes": list(s.notes),
                 "decisions": "".join("s" if r.skipped else "c" for r in run.records),
             })
         return {"empty": self.chain.empty, "methods": self.methods,

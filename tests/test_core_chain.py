@@ -121,3 +121,12 @@ def test_state_without_a_declared_dataclass_is_refused():
     run = ic.LoopState(ic.InterceptorChain(), [1.0, 0.0])
     with pytest.raises(TypeError, match="RunState"):
         run.state_of(ic.FixedCadence())
+
+
+def test_a_note_is_said_once_and_reaches_the_summary(caplog):
+    run = ic.LoopState(ic.InterceptorChain(), [1.0, 0.0])
+    with caplog.at_level("WARNING", logger="cached_sampler"):
+        run.note("block caching switched off: another patch serves the block slots")
+        run.note("block caching switched off: another patch serves the block slots")
+    assert len(caplog.records) == 1
+    assert ic.summarize(run).notes == ("block caching switched off: another patch serves the block slots",)

@@ -55,6 +55,7 @@ function renderRun(run, index, total) {
     [...branches, `${run.seconds.toFixed(2)} s`].join(" \u00b7 ")));
   box.appendChild(el("div", { opacity: "0.8" },
     `acted: ${run.acted.length ? run.acted.join(", ") : "none (nothing was skipped)"}`));
+  for (const n of run.notes || []) box.appendChild(el("div", { color: "#ffb74d" }, `note: ${n}`));
   return box;
 }
 
@@ -78,6 +79,7 @@ function render(element, message) {
   data.runs.forEach((run, i) => {
     element.appendChild(renderRun(run, i, data.runs.length));
     height += 4 + 3 * LINE + STRIP + lines(`acted: ${run.acted.join(", ")}`) * LINE;
+    for (const n of run.notes || []) height += lines(`note: ${n}`) * LINE;
   });
   if (!data.runs.length) {
     element.appendChild(el("div", {}, "(no sampling run)"));
