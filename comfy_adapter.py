@@ -106,12 +106,25 @@ def conflicts(chain: InterceptorChain, model_options: dict, wrappers: dict) -> l
     return problems
 
 
+def schedule_of(steps: int, denoise: float = 1.0, start_step: int = 0) -> tuple[int, int]:
+    """(first step, steps in the whole schedule) of a KSampler run, as ComfyUI's ``KSampler.set_steps`` and
+    ``sample`` slice the schedule: denoise < 1 samples the last ``steps`` of ``int(steps / denoise)``, and
+    KSampler (Advanced) starts at ``start_step`` of ``steps``."""
+    if denoise is not None and 0.0 < denoise <= 0.9999:
+        total = int(steps / denoise)
+        return total - steps, total
+    return min(start_step, steps), steps
+
+
 def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, cache_on_cpu: bool = False,
-            on_run_end: Callable | None = None, on_evaluation: Callable | None = None):
+            on_run_end: Callable | None = None, on_evaluation: Callable | None = None,
+            schedule: tuple[int, int] | None = None):
     """A clone of ``model`` that runs ``chain`` on every sampling run. ``model`` is never modified.
 
     Validation against the model happens first, so a refused chain leaves nothing half-applied.
-    ``on_run_end(run, summary)`` and ``on_evaluation(run, ev)`` receive what each run did.
+    ``on_run_end(run, summary)`` and ``on_evaluation(run, ev)`` receive what each run did. ``schedule``
+    (:func:`schedule_of`) places each run's steps in the model's whole schedule when the sampling node knows
+    it; without it a run counts its steps from its own start, and says so if it starts part way.
     """
     previous = installed_chain(model)
     if previous is not None and not previous.empty:
@@ -139,9 +152,17 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             raise ChainError("\n".join(problems))
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
         sampling = guider.model_patcher.get_model_object("model_sampling")
+        first_step, schedule_steps = schedule or (0, None)
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
-                        cache_device="cpu" if cache_on_cpu else None, observers=observers)
+                        cache_device="cpu" if cache_on_cpu else None, observers=observers,
+                        first_step=first_step, schedule_steps=schedule_steps)
         run.card = card
+        if schedule is None and len(sigmas) and float(sigmas[0]) < float(sampling.sigma_max) * 0.999:
+            counting = [d.label for d in chain.deciders if d.counts_steps]
+            if counting:
+                run.note(f"this run starts part way into the model's schedule (denoise below 1, or a later stage), "
+                         f"which this sampler does not tell Apply Interceptors: {', '.join(counting)} count steps "
+                         f"from the run's own first step. A Cached Sampler node places them exactly.")
         options = guider.model_options.setdefault("transformer_options", {})
         options[STATE_KEY] = run
         started = time.perf_counter()

@@ -6,14 +6,17 @@ Zhou et al., "Less is Enough: Training-Free Video Diffusion Acceleration via Run
 output change is predicted as ``k * mean|x_t - x_{t-1}| / mean|v_c|`` and accumulated since the last
 computed step; the model is skipped while the accumulation stays under the threshold. Unlike ComfyUI's
 core EasyCache, the input change is per step (the paper's rule), nothing is kept that the model was
-handed, and the decision is shared by every CFG branch while each branch keeps its own cache.
+handed, and the decision is shared by every CFG branch while each branch keeps its own cache. The
+rate is measured once per computed evaluation (by its first forward), whatever the branches are, so
+a conditioning that changes mid-run (prompt switching, cond/uncond batched differently) costs one
+computed step and caching goes on.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from .base import Decider, Granularity, check_range
-from .metrics import detach, mean_abs, mean_abs_diff
+from .metrics import mean_abs, mean_abs_diff
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,32 +36,38 @@ class AdaptiveCache(Decider):
         check_range(self.label, "threshold", self.threshold, 0.0)
         check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
 
+    @dataclasses.dataclass
+    class RunState:
+        x_last: dict = dataclasses.field(default_factory=dict)    # model input at the previous evaluation
+        x_anchor: dict = dataclasses.field(default_factory=dict)  # input and output (eps) at the last computed one
+        v_anchor: dict = dataclasses.field(default_factory=dict)
+        rate: float | None = None                                 # k, from the last two computed evaluations
+        accumulated: float = 0.0
+        anchored_at: int | None = None                            # evaluation that last moved the anchors
+
     def decide(self, run, ev, signals) -> bool:
-        shared = run.shared[self.id]
-        previous = shared.get("x_last")
-        shared["x_last"] = detach(signals)
-        rate, anchor_out = shared.get("rate"), shared.get("v_anchor")
-        if self.threshold <= 0 or rate is None or not previous or not anchor_out:
+        state = run.state_of(self)
+        previous, state.x_last = state.x_last, run.keep(signals)
+        if self.threshold <= 0 or state.rate is None or not previous or not state.v_anchor:
             return True
-        if 0 <= self.max_consecutive_cached <= shared.get("consecutive_skips", 0):
+        if 0 <= self.max_consecutive_cached <= run.decisions_of(self).consecutive_skips:
             return True
         step_change = mean_abs_diff(signals, previous)
-        out_scale = mean_abs(anchor_out.values())
+        out_scale = mean_abs(state.v_anchor.values())
         if step_change is None or out_scale == 0:
-            return True
-        shared["accumulated"] = shared.get("accumulated", 0.0) + rate * step_change / out_scale
-        run.report_metric(self, shared["accumulated"], self.threshold)
-        return shared["accumulated"] >= self.threshold
+            return True  # e.g. the conditioning changed (prompt switch): no common branch to compare
+        state.accumulated += state.rate * step_change / out_scale
+        run.report_metric(self, state.accumulated, self.threshold)
+        return state.accumulated >= self.threshold
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        shared = run.shared[self.id]
-        if forward.keys != shared.get("keys", forward.keys):
-            return  # another forward of this evaluation (split CFG): the first one drives the rate
-        shared["keys"] = forward.keys
-        x, v = detach(signals), detach(outputs)
-        x_anchor, v_anchor = shared.get("x_anchor"), shared.get("v_anchor")
-        if x_anchor and v_anchor:
-            dx, dv = mean_abs_diff(x, x_anchor), mean_abs_diff(v, v_anchor)
+        state = run.state_of(self)
+        if state.anchored_at == ev.index:
+            return  # another forward of this evaluation (split CFG, area conds): the first one drives the rate
+        state.anchored_at = ev.index
+        if state.x_anchor and state.v_anchor:
+            dx, dv = mean_abs_diff(signals or {}, state.x_anchor), mean_abs_diff(outputs or {}, state.v_anchor)
             if dx and dv is not None:
-                shared["rate"] = dv / dx
-        shared.update(x_anchor=x, v_anchor=v, x_last=x, accumulated=0.0)
+                state.rate = dv / dx
+        x = run.keep(signals)
+        state.x_anchor, state.v_anchor, state.x_last, state.accumulated = x, run.keep(outputs), x, 0.0

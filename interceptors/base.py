@@ -75,6 +75,8 @@ class Interceptor:
     # (LoopState.branch_of), for what must never leak from one branch's cache into another's.
     RunState: ClassVar[type | None] = None
     BranchState: ClassVar[type | None] = None
+    # True: the RunState is the run's result (a calibration's recordings) and outlives the run's caches.
+    keeps_results: ClassVar[bool] = False
 
     node: str = dataclasses.field(default="", compare=False)
 
@@ -109,19 +111,22 @@ class Decider(Interceptor):
 
     ``signal`` says what the engine must hand to :meth:`decide`:
     ``"none"`` (schedule only), ``"model_input"`` (the latent entering the model, per branch),
-    ``"probe_residual"`` (residual of the first ``front_blocks`` blocks, per branch) or
-    ``"modulated_input"`` (the timestep-modulated input of block 0, per branch).
+    ``"probe_residual"`` (residual of the front blocks, per branch) or ``"modulated_input"`` (the
+    timestep-modulated input of block 0, per branch).
+
+    Block vocabulary, used throughout the core: the *front* blocks (the papers' Fn, DBCache's "first n") always
+    run and their residual is the *probe*; the *back* blocks (Bn, "last n") always run too; the blocks between
+    them form one skippable *segment* per block group.
     """
 
     role: ClassVar[Role] = Role.DECIDER
     signal: ClassVar[str] = "none"
+    # True: some setting counts steps of the model's schedule (a warm-up, a ratio curve), so the run must know
+    # where its steps sit in that schedule (Evaluation.position).
+    counts_steps: ClassVar[bool] = False
 
     start_percent: float = 0.0
     end_percent: float = 1.0
-
-    # Block-level deciders: blocks that always run before and after the skippable middle.
-    front_blocks: ClassVar[int] = 0
-    back_blocks: ClassVar[int] = 0
 
     def validate(self) -> None:
         check_range(self.label, "start_percent", self.start_percent, 0.0, 1.0)
@@ -132,8 +137,8 @@ class Decider(Interceptor):
                 f"({self.end_percent}); nothing would ever be cached.")
 
     def blocks(self) -> tuple[int, int]:
-        """(front, back) blocks that always run. Block-level deciders may override with their inputs."""
-        return self.front_blocks, self.back_blocks
+        """(front, back): how many blocks always run before and after the skippable segments."""
+        return 0, 0
 
     def decide(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None) -> bool:
         """Return True to compute, False to skip. Window and first/last-step guards are applied before."""
@@ -150,6 +155,7 @@ class RecordingDecider(Decider):
     """Computes everything and only watches: the calibration passes, whose output must equal the plain run."""
 
     alters_output: ClassVar[bool] = False
+    keeps_results: ClassVar[bool] = True
 
     def decide(self, run: "LoopState", ev: "Evaluation", signals) -> bool:
         return True
@@ -159,19 +165,22 @@ class RecordingDecider(Decider):
 class Estimator(Interceptor):
     """Supplies the value used in place of a skipped computation, from what was observed before.
 
-    Slots are small per-run dicts (one per branch and cached quantity) owned by the LoopState.
+    ``Slot`` is the dataclass of what it keeps per branch and cached quantity; the LoopState makes one per
+    slot and drops them with the run. Observed values arrive on the run's cache device; ``estimate`` does
+    its arithmetic on ``device``, the device of the tensor it stands in for.
     """
 
     role: ClassVar[Role] = Role.ESTIMATOR
     granularity: ClassVar[Granularity | None] = None
+    Slot: ClassVar[type]
 
-    def observe(self, slot: dict, value: torch.Tensor, sigma: float) -> None:
+    def observe(self, slot, value: torch.Tensor, sigma: float) -> None:
         raise NotImplementedError
 
-    def ready(self, slot: dict) -> bool:
+    def ready(self, slot) -> bool:
         raise NotImplementedError
 
-    def estimate(self, slot: dict, sigma: float) -> torch.Tensor:
+    def estimate(self, slot, sigma: float, device: torch.device) -> torch.Tensor:
         raise NotImplementedError
 
 

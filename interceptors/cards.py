@@ -2,7 +2,7 @@
 
 A card lists the hook levels a family offers (whole model always; transformer blocks where ComfyUI
 has block-replacement slots), its block layout in execution order, whether it is step-distilled, and
-recommended defaults per method. Cards are plain data: the ComfyUI adapter fills in block counts
+which published TeaCache/MagCache calibration applies. Cards are plain data: the ComfyUI adapter fills in block counts
 from the loaded model and picks the family by class name.
 """
 from __future__ import annotations
@@ -33,7 +33,6 @@ class FamilySpec:
     groups: tuple[BlockGroup, ...] = ()
     teacache: str | None = None      # key into the TeaCache coefficient table
     magcache: str | None = None      # key into the MagCache ratio table
-    defaults: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +44,6 @@ class ModelCard:
     distilled: str | None = None      # why the model counts as step-distilled, or None
     teacache: str | None = None
     magcache: str | None = None
-    defaults: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def total_blocks(self) -> int:
@@ -68,44 +66,37 @@ def _dit(double_attr="double_blocks", single_attr=None, double_out=("img", "txt"
     return tuple(groups)
 
 
-FLUX_DEFAULTS = {"dbcache": {"threshold": 0.12}, "teacache": {"threshold": 0.4}, "adaptive": {"threshold": 0.2}}
-VIDEO_DEFAULTS = {"dbcache": {"threshold": 0.10}, "teacache": {"threshold": 0.15}, "adaptive": {"threshold": 0.2}}
-
 # Keyed by the class name of ``model.model`` (comfy.model_base). Block layouts follow the loops in
 # comfy/ldm/*/model.py of ComfyUI v0.8.0 that consult patches_replace["dit"].
 FAMILIES: dict[str, FamilySpec] = {
-    "Flux": FamilySpec("flux", _dit("double_blocks", "single_blocks"), "flux", "flux", FLUX_DEFAULTS),
-    "Flux2": FamilySpec("flux2", _dit("double_blocks", "single_blocks"), None, None, FLUX_DEFAULTS),
-    "Chroma": FamilySpec("chroma", _dit("double_blocks", "single_blocks"), None, "chroma", FLUX_DEFAULTS),
-    "ChromaRadiance": FamilySpec("chroma", _dit("double_blocks", "single_blocks"), None, None, FLUX_DEFAULTS),
+    "Flux": FamilySpec("flux", _dit("double_blocks", "single_blocks"), "flux", "flux"),
+    "Flux2": FamilySpec("flux2", _dit("double_blocks", "single_blocks"), None, None),
+    "Chroma": FamilySpec("chroma", _dit("double_blocks", "single_blocks"), None, "chroma"),
+    "ChromaRadiance": FamilySpec("chroma", _dit("double_blocks", "single_blocks"), None, None),
     "HunyuanVideo": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), "hunyuan_video",
-                               "hunyuan_video", VIDEO_DEFAULTS),
-    "HunyuanVideoI2V": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), "hunyuan_video", None,
-                                  VIDEO_DEFAULTS),
-    "HunyuanVideoSkyreelsI2V": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), None, None,
-                                          VIDEO_DEFAULTS),
-    "HunyuanImage21": FamilySpec("hunyuan_image", _dit("double_blocks", "single_blocks"), None, None, FLUX_DEFAULTS),
-    "HunyuanImage21Refiner": FamilySpec("hunyuan_image", _dit("double_blocks", "single_blocks"), None, None,
-                                        FLUX_DEFAULTS),
-    "HunyuanVideo15": FamilySpec("hunyuan_video15", _dit("double_blocks", "single_blocks"), None, None,
-                                 VIDEO_DEFAULTS),
+                               "hunyuan_video"),
+    "HunyuanVideoI2V": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), "hunyuan_video", None),
+    "HunyuanVideoSkyreelsI2V": FamilySpec("hunyuan_video", _dit("double_blocks", "single_blocks"), None, None),
+    "HunyuanImage21": FamilySpec("hunyuan_image", _dit("double_blocks", "single_blocks"), None, None),
+    "HunyuanImage21Refiner": FamilySpec("hunyuan_image", _dit("double_blocks", "single_blocks"), None, None),
+    "HunyuanVideo15": FamilySpec("hunyuan_video15", _dit("double_blocks", "single_blocks"), None, None),
     "HunyuanVideo15_SR_Distilled": FamilySpec("hunyuan_video15", _dit("double_blocks", "single_blocks"), None,
-                                              None, VIDEO_DEFAULTS),
-    "WAN21": FamilySpec("wan", _dit("blocks", double_out=("img",)), "wan2.1_t2v_1.3B", "wan2.1_t2v_1.3B", VIDEO_DEFAULTS),
-    "WAN22": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN21_Vace": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN21_Camera": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN21_HuMo": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN22_S2V": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN22_Animate": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "QwenImage": FamilySpec("qwen_image", _dit("transformer_blocks"), None, None, FLUX_DEFAULTS),
-    "SD3": FamilySpec("sd3", _dit("joint_blocks"), None, None, FLUX_DEFAULTS),
-    "LTXV": FamilySpec("ltxv", _dit("transformer_blocks", double_out=("img",)), "ltxv", None, VIDEO_DEFAULTS),
-    "AuraFlow": FamilySpec("auraflow", _dit("double_layers", "single_layers"), None, None, FLUX_DEFAULTS),
+                                              None),
+    "WAN21": FamilySpec("wan", _dit("blocks", double_out=("img",)), "wan2.1_t2v_1.3B", "wan2.1_t2v_1.3B"),
+    "WAN22": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN21_Vace": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN21_Camera": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN21_HuMo": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN22_S2V": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN22_Animate": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "QwenImage": FamilySpec("qwen_image", _dit("transformer_blocks"), None, None),
+    "SD3": FamilySpec("sd3", _dit("joint_blocks"), None, None),
+    "LTXV": FamilySpec("ltxv", _dit("transformer_blocks", double_out=("img",)), "ltxv", None),
+    "AuraFlow": FamilySpec("auraflow", _dit("double_layers", "single_layers"), None, None),
     # Kandinsky 5 has block slots, but in ComfyUI v0.8.0 its block_wrap calls the block with a keyword the
     # block does not accept (``x=``), so any replacement crashes: whole-model level only.
-    "Kandinsky5": FamilySpec("kandinsky5", (), None, None, VIDEO_DEFAULTS),
-    "Kandinsky5Image": FamilySpec("kandinsky5", (), None, None, FLUX_DEFAULTS),
+    "Kandinsky5": FamilySpec("kandinsky5", (), None, None),
+    "Kandinsky5Image": FamilySpec("kandinsky5", (), None, None),
 }
 
 # supported_models config classes that ComfyUI itself knows to be step-distilled.
@@ -145,5 +136,4 @@ def build_card(model_class: str | tuple[str, ...], config_class: str = "", sampl
     levels = {Granularity.MODEL}
     if groups and block_hooks:
         levels.add(Granularity.BLOCKS)
-    return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache,
-                     spec.defaults)
+    return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache)

@@ -2,7 +2,9 @@
 
 The first ``Fn`` blocks always run and act as the probe; the last ``Bn`` always run and refine the
 approximated state; the blocks in between are skipped while the relative L1 change of the probe's
-residual since the last fully computed step stays under the threshold. From vipshop/cache-dit
+residual since the last fully computed step stays under the threshold. In the core, Fn is ``front`` and
+Bn is ``back`` (the node inputs keep the papers' names). ``warmup`` is a fraction of the model's whole
+schedule, so a second stage or a partial denoise does not warm up again. From vipshop/cache-dit
 (``docs/user_guide/DBCACHE_DESIGN.md``); Fn=1, Bn=0 is First Block Cache (chengzeyi/ParaAttention,
 Comfy-WaveSpeed).
 """
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
+
+import torch
 
 from .base import Decider, Granularity, InterceptorError, check_range
 from .metrics import relative_l1
@@ -24,6 +28,7 @@ class DBCache(Decider):
     display_name = "DBCache"
     granularity = Granularity.BLOCKS
     signal = "probe_residual"
+    counts_steps = True
 
     front: int = 1
     back: int = 0
@@ -53,15 +58,19 @@ class DBCache(Decider):
                     f"{card.name} has {total} blocks. Lower Fn or Bn."]
         return []
 
+    @dataclasses.dataclass
+    class BranchState:
+        anchor: torch.Tensor | None = None  # probe residual at the last computed evaluation
+
     def decide(self, run, ev, signals) -> bool:
         if self.threshold <= 0 or ev.progress < self.warmup or not signals:
             return True
-        shared = run.shared[self.id]
-        if 0 <= self.max_cached_steps <= shared.get("skips", 0):
+        decisions = run.decisions_of(self)
+        if 0 <= self.max_cached_steps <= decisions.skips:
             return True
-        if 0 <= self.max_consecutive_cached <= shared.get("consecutive_skips", 0):
+        if 0 <= self.max_consecutive_cached <= decisions.consecutive_skips:
             return True
-        anchors = {k: run.branch_state(self.id, k).get("anchor") for k in signals}
+        anchors = {k: run.branch_of(self, k).anchor for k in signals}
         diff = relative_l1(signals, {k: v for k, v in anchors.items() if v is not None})
         if diff is None or diff != diff:  # no anchor yet, or a NaN probe: compute
             return True
@@ -69,8 +78,8 @@ class DBCache(Decider):
         return diff >= self.threshold
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        for key, residual in (signals or {}).items():
-            run.branch_state(self.id, key)["anchor"] = residual
+        for key, residual in run.keep(signals).items():
+            run.branch_of(self, key).anchor = residual
 
 
 @dataclasses.dataclass(frozen=True)

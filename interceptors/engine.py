@@ -48,6 +48,7 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
     if not compute_it and all(run.has(k, "output") for k in forward.keys):
         forward.computed = False
         forward.model_skipped = True
+        run.skipped(decider)
         eps = forward.join({k: run.estimate(k, "output", ev.sigma, x) for k in forward.keys})
         return from_eps(x, eps, sigma)
     out = compute()
@@ -59,7 +60,11 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
 
 
 class BlockPlan:
-    """Where the probe ends and which segments of the block stack may be skipped, for one model."""
+    """Where the probe ends and which segments of the block stack may be skipped, for one model.
+
+    Vocabulary (the core's words for the papers'): ``front`` blocks are DBCache's Fn (always run; the residual
+    of those in the first group is the *probe*), ``back`` blocks its Bn (always run); the blocks between them
+    form one skippable *segment* per block group."""
 
     def __init__(self, groups: list[tuple[str, int]], front: int, back: int):
         # groups: (group name, block count) in execution order
@@ -84,11 +89,10 @@ class BlockPlan:
         return bool(self.segments)
 
 
-BLOCK_NAMES = "blocks"  # plugin_state entry: per branch, the streams each segment stored a residual for
-
-
 def _stored(run: LoopState, key, segment: int) -> set:
-    return run.branch_state(BLOCK_NAMES, key).get(segment, set())
+    """The streams ``segment`` stored a residual for, in this branch's cache."""
+    cache = run.caches.get(key)
+    return cache.segment_streams.get(segment, set()) if cache is not None else set()
 
 
 def _segments_cached(run: LoopState, plan: "BlockPlan", key) -> bool:
@@ -138,6 +142,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         forward.skip_blocks = not compute_it and all(_segments_cached(run, plan, key) for key in forward.keys)
         if forward.skip_blocks:
             forward.computed = False
+            run.skipped(decider)
 
     if forward.skip_blocks:
         # Pass the stream through; the model keeps adding what it adds between blocks (ControlNet, VACE) to
@@ -180,7 +185,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
             continue
         for key, value in parts.items():
             run.store(key, f"{segment}.{k}", value, ev.sigma)
-            run.branch_state(BLOCK_NAMES, key).setdefault(segment, set()).add(k)
+            run.cache_of(key).segment_streams.setdefault(segment, set()).add(k)
             forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
     if segment == len(plan.segments) - 1:
         decider.computed(run, ev, forward, forward.signals.get(decider.id))

@@ -4,8 +4,11 @@ Ma et al., "MagCache: Fast Video Generation with Magnitude-Aware Cache" (NeurIPS
 arXiv 2506.09045; Zehong-Ma/MagCache). The ratio gamma_t = mean over tokens of |r_t| / |r_{t-1}| of the
 block-stack residual r follows a model-specific curve; skipping from the last computed step costs about
 |1 - prod gamma|, accumulated over consecutive skips. The curve is either a published calibration or
-one recorded from a single uncached run of any model (the MagCache Calibrate node), and is resampled
-to the run's step count.
+one recorded from a single uncached run of any model (the MagCache Calibrate node; custom ratios are
+used only with model_type 'custom' and refused with any other), and is resampled to the step count of
+the model's whole schedule and read at each step's position in it, so a second stage (Wan 2.2
+high/low noise) or a partial denoise reads the part of the curve its steps belong to. The first
+``int(retention * N)`` steps of the schedule always compute, as in the authors' code.
 """
 from __future__ import annotations
 
@@ -46,11 +49,14 @@ MODEL_TYPES = ("auto", "custom", *RATIOS)
 
 
 def resample(ratios: tuple[float, ...], steps: int) -> list[float]:
-    """Nearest-neighbour resampling of a ratio curve to ``steps`` entries (MagCache's own rule)."""
+    """Nearest-neighbour resampling of a ratio curve to ``steps`` entries (MagCache's own ``nearest_interp``:
+    one step takes the last ratio, otherwise index ``round(i * (n - 1) / (steps - 1))``)."""
     if steps <= 0:
         return []
     n = len(ratios)
-    return [ratios[min(n - 1, round(i * (n - 1) / max(steps - 1, 1)))] for i in range(steps)]
+    if steps == 1:
+        return [ratios[-1]]
+    return [ratios[min(n - 1, round(i * (n - 1) / (steps - 1)))] for i in range(steps)]
 
 
 def parse_ratios(text: str, node: str) -> tuple[float, ...]:
@@ -68,6 +74,7 @@ class MagCache(Decider):
     kind = "magcache"
     display_name = "MagCache"
     granularity = Granularity.BLOCKS
+    counts_steps = True
 
     threshold: float = 0.06
     max_skips: int = 2
@@ -84,6 +91,10 @@ class MagCache(Decider):
             raise InterceptorError(f"{self.label}: 'model_type' must be one of {', '.join(MODEL_TYPES)}.")
         if self.model_type == "custom" and len(self.ratios) < 2:
             raise InterceptorError(f"{self.label}: model_type 'custom' needs 'custom_ratios' from MagCache Calibrate.")
+        if self.model_type != "custom" and self.ratios:
+            raise InterceptorError(
+                f"{self.label}: 'custom_ratios' is filled in but model_type is '{self.model_type}', which uses "
+                f"another curve. Set model_type to 'custom' to use your ratios, or clear 'custom_ratios'.")
 
     def curve(self, card: "ModelCard | None") -> tuple[float, ...] | None:
         if self.ratios:
@@ -98,24 +109,35 @@ class MagCache(Decider):
                     f"Cache node, which needs no calibration."]
         return []
 
+    @dataclasses.dataclass
+    class RunState:
+        curve: list[float] | None = None  # the ratio curve resampled to the model's whole schedule
+        ratio: float = 1.0                # product of the ratios since the last computed evaluation
+        pending: int = 0                  # evaluations skipped since then
+        error: float = 0.0
+
+    def retained(self, schedule_steps: int) -> int:
+        """How many steps at the start of the schedule always compute: the authors' ``int(r * N)``."""
+        return int(self.retention * schedule_steps)
+
     def decide(self, run, ev, signals) -> bool:
-        shared = run.shared[self.id]
-        if "curve" not in shared:
-            shared["curve"] = resample(self.curve(run.card) or (1.0,), run.total_steps)
-        if self.threshold <= 0 or ev.progress < self.retention:
+        state = run.state_of(self)
+        if state.curve is None:
+            state.curve = resample(self.curve(run.card) or (1.0,), ev.schedule_steps)
+        if self.threshold <= 0 or ev.position < self.retained(ev.schedule_steps):
             return True
-        gamma = shared["curve"][min(ev.step, len(shared["curve"]) - 1)]
-        ratio = shared.get("ratio", 1.0) * gamma
-        skips = shared.get("pending", 0) + 1
-        error = shared.get("error", 0.0) + abs(1.0 - ratio)
+        ratio = state.ratio * state.curve[min(ev.position, len(state.curve) - 1)]
+        skips = state.pending + 1
+        error = state.error + abs(1.0 - ratio)
         run.report_metric(self, error, self.threshold)
         if error < self.threshold and skips <= self.max_skips:
-            shared.update(ratio=ratio, pending=skips, error=error)
+            state.ratio, state.pending, state.error = ratio, skips, error
             return False
         return True
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        run.shared[self.id].update(ratio=1.0, pending=0, error=0.0)
+        state = run.state_of(self)
+        state.ratio, state.pending, state.error = 1.0, 0, 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,24 +148,32 @@ class MagnitudeRecorder(RecordingDecider):
     display_name = "MagCache calibration"
     granularity = Granularity.BLOCKS
 
+    @dataclasses.dataclass
+    class RunState:
+        last: dict = dataclasses.field(default_factory=dict)             # residual norms at the previous step
+        ratios: dict[int, float] = dataclasses.field(default_factory=dict)  # schedule position -> ratio
+
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        shared = run.shared[self.id]
+        state = run.state_of(self)
         norms = {}
         for name, parts in forward.residuals.items():
             for key, residual in parts.items():
                 if key.branch in (0, None) and key.occurrence == 0:
                     norms[name] = residual.float().flatten(2).norm(dim=-1) if residual.ndim > 2 else residual.float().norm(dim=-1)
-        last = shared.get("last")
-        if last is not None:
-            ratios = [float((norms[n] / last[n].clamp_min(1e-12)).mean()) for n in norms if n in last
-                      and last[n].shape == norms[n].shape]
-            if ratios:
-                shared.setdefault("ratios", {})[ev.step] = sum(ratios) / len(ratios)
-        shared["last"] = norms
+        last = state.last
+        ratios = [float((norms[n] / last[n].clamp_min(1e-12)).mean()) for n in norms if n in last
+                  and last[n].shape == norms[n].shape]
+        if ratios:
+            state.ratios[ev.position] = sum(ratios) / len(ratios)
+        if norms:  # a forward without the cond branch (CFG split over forwards) leaves the last norms alone
+            state.last = {n: norm.cpu() for n, norm in norms.items()}
 
 
 def recorded_ratios(run) -> tuple[float, ...]:
-    ratios = run.shared[MagnitudeRecorder.kind].get("ratios", {})
-    return (1.0,) + tuple(round(ratios[s], 5) for s in sorted(ratios))
+    """The recorded curve over the model's schedule, from step 0 to the last recorded step (1.0 where nothing
+    was recorded: step 0, and the steps before a partial run started)."""
+    recorder = next(ic for ic in run.chain if isinstance(ic, MagnitudeRecorder))
+    ratios = run.state_of(recorder).ratios
+    return tuple(round(ratios.get(p, 1.0), 5) for p in range(max(ratios, default=0) + 1))
 
 

@@ -13,6 +13,7 @@ def relative_l1(current: dict, anchor: dict) -> float | None:
         ref = anchor.get(key)
         if ref is None or ref.shape != value.shape:
             continue
+        ref = ref.to(value.device)  # anchors may sit on the cache device; compare where the model runs
         num += float((value - ref).abs().sum())
         den += float(ref.abs().sum())
     if den == 0.0:
@@ -32,11 +33,6 @@ def mean_abs_diff(a: dict, b: dict) -> float | None:
     pairs = [(a[k], b[k]) for k in a if k in b and a[k].shape == b[k].shape]
     if not pairs:
         return None
-    return mean_abs(x - y for x, y in pairs)
-
-
-def detach(parts: dict) -> dict:
-    """Branch tensors that are safe to keep: the model may modify what it was handed in place."""
-    return {k: v.detach().clone() for k, v in parts.items()} if parts else {}
+    return mean_abs(x - y.to(x.device) for x, y in pairs)
 
 

@@ -17,20 +17,31 @@ from typing import Sequence
 import torch
 
 from .base import Decider, Granularity, InterceptorError, RecordingDecider
-from .taylorseer import lagrange_weights
+from .taylorseer import lagrange_weights, same_sigma
 
 
 @dataclasses.dataclass(frozen=True)
 class PlannedSchedule(Decider):
+    """Computes the evaluations ``compute`` names. The plan is keyed on the schedule it was made for:
+    ``schedule`` (the run's sigmas: steps, scheduler and denoise) and ``sigmas`` (the sigma of every evaluation:
+    the sampler). On any other schedule it computes every step and says so once (log and node)."""
+
     kind = "planned"
     display_name = "Calibrated Schedule"
-    # psnr: what the calibration measured for this plan on the prompt it was calibrated on
     granularity = Granularity.MODEL
 
     compute: tuple[int, ...] = ()
-    evaluations: int = 0
-    steps: int = 0
-    psnr: float = math.inf
+    sigmas: tuple[float, ...] = ()
+    schedule: tuple[float, ...] = ()
+    psnr: float = math.inf  # what the calibration measured for this plan on the prompt it was calibrated on
+
+    @dataclasses.dataclass
+    class RunState:
+        mismatch: bool = False
+
+    @property
+    def evaluations(self) -> int:
+        return len(self.sigmas)
 
     def validate(self) -> None:
         super().validate()
@@ -39,36 +50,49 @@ class PlannedSchedule(Decider):
         if any(not 0 <= i < self.evaluations for i in self.compute):
             raise InterceptorError(f"{self.label}: the plan names evaluations outside 0..{self.evaluations - 1}.")
 
+    def fits(self, run, ev) -> bool:
+        return (ev.index < self.evaluations and same_sigma(self.sigmas[ev.index], ev.sigma)
+                and len(run.sample_sigmas) == len(self.schedule)
+                and all(same_sigma(a, b) for a, b in zip(run.sample_sigmas, self.schedule)))
+
     def decide(self, run, ev, signals) -> bool:
-        if run.total_steps != self.steps or ev.index >= self.evaluations:
-            run.shared[self.id]["mismatch"] = True
-            return True  # calibrated for another step count or sampler: compute rather than guess
-        return ev.index in self.compute
+        state = run.state_of(self)
+        if not state.mismatch and not self.fits(run, ev):
+            state.mismatch = True
+            run.note(f"{self.label}: the plan was calibrated for another schedule (steps, sampler, scheduler or "
+                     f"denoise), so every step is computed. Calibrate again with this sampler's settings.")
+        return state.mismatch or ev.index in self.compute
 
 
 @dataclasses.dataclass(frozen=True)
 class Recorder(RecordingDecider):
-    """Keeps each evaluation's output (epsilon space) for calibration."""
+    """Keeps each evaluation's output (epsilon space, on the CPU) for calibration."""
 
     kind = "recorder"
     display_name = "Calibration recorder"
     granularity = Granularity.MODEL
 
+    @dataclasses.dataclass
+    class RunState:
+        sigmas: dict[int, float] = dataclasses.field(default_factory=dict)               # evaluation -> sigma
+        outputs: dict[int, dict] = dataclasses.field(default_factory=dict)               # evaluation -> branch -> eps
+
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        record = run.shared[self.id].setdefault("evaluations", {})
-        entry = record.setdefault(ev.index, {"sigma": ev.sigma, "parts": {}})
+        state = run.state_of(self)
+        state.sigmas[ev.index] = ev.sigma
+        parts = state.outputs.setdefault(ev.index, {})
         for key, value in (outputs or {}).items():
-            entry["parts"][key] = value.detach().to("cpu", torch.float32)
+            parts[key] = value.detach().to("cpu", torch.float32)
 
 
 def recorded_trajectory(run) -> tuple[list[float], list[torch.Tensor]]:
     """(sigma per evaluation, output per evaluation with all branches stacked) from a Recorder run."""
-    evaluations = run.shared[Recorder.kind].get("evaluations", {})
+    recorder = next(ic for ic in run.chain if isinstance(ic, Recorder))
+    state = run.state_of(recorder)
     sigmas, outputs = [], []
-    for index in sorted(evaluations):
-        entry = evaluations[index]
-        sigmas.append(entry["sigma"])
-        parts = entry["parts"]
+    for index in sorted(state.outputs):
+        parts = state.outputs[index]
+        sigmas.append(state.sigmas[index])
         outputs.append(torch.cat([parts[k] for k in sorted(parts, key=lambda k: (str(k.branch), k.occurrence))]))
     return sigmas, outputs
 
@@ -91,8 +115,8 @@ def _final_error(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], compu
     error = torch.zeros_like(outputs[0])
     history: list[int] = []
     for j, sigma in enumerate(sigmas):
-        if j in compute:
-            history.append(j)
+        if j in compute:  # as TaylorSeer keeps them: a repeated sigma replaces the older point
+            history = [i for i in history if not same_sigma(sigmas[i], sigma)] + [j]
             continue
         points = history[-(order + 1):]
         weights = lagrange_weights([sigmas[i] for i in points], sigma)

@@ -18,11 +18,15 @@ class ReuseLast(Estimator):
     display_name = "Reuse last"
     alters_output = True
 
-    def observe(self, slot: dict, value: torch.Tensor, sigma: float) -> None:
-        slot["value"] = value
+    @dataclasses.dataclass
+    class Slot:
+        value: torch.Tensor | None = None
 
-    def ready(self, slot: dict) -> bool:
-        return "value" in slot
+    def observe(self, slot: Slot, value: torch.Tensor, sigma: float) -> None:
+        slot.value = value
 
-    def estimate(self, slot: dict, sigma: float) -> torch.Tensor:
-        return slot["value"]
+    def ready(self, slot: Slot) -> bool:
+        return slot.value is not None
+
+    def estimate(self, slot: Slot, sigma: float, device: torch.device) -> torch.Tensor:
+        return slot.value.to(device)

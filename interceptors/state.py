@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -37,7 +37,6 @@ class BranchKey:
     occurrence: int
     shape: tuple[int, ...]
     dtype: str
-    window: Hashable = None
 
     @property
     def name(self) -> str:
@@ -69,12 +68,18 @@ class EvaluationRecord:
 
 @dataclasses.dataclass
 class Evaluation:
+    """One sampler evaluation. ``step`` counts this run's steps; ``position`` is the same step in the model's
+    whole schedule (they differ when the run is the second stage of a split, or denoise < 1)."""
+
     index: int
     sigma: float
     step: int
     total_steps: int
     record: EvaluationRecord
+    position: int = 0
+    schedule_steps: int = 0
     decisions: dict[str, bool] = dataclasses.field(default_factory=dict)
+    skipped_by: set[str] = dataclasses.field(default_factory=set)  # deciders whose skip really happened
     occurrences: Counter = dataclasses.field(default_factory=Counter)
 
     @property
@@ -83,7 +88,27 @@ class Evaluation:
 
     @property
     def progress(self) -> float:
-        return self.step / max(self.total_steps, 1)
+        """Where this evaluation sits in the model's whole schedule, from 0 (first step) towards 1."""
+        return self.position / max(self.schedule_steps, 1)
+
+
+@dataclasses.dataclass
+class DecisionRecord:
+    """The run's bookkeeping for one decider, counting only skips that really happened (a skip the engine
+    could not make, for want of a cache, is a computed evaluation)."""
+
+    last_compute: int | None = None  # index of the last evaluation it computed
+    consecutive_skips: int = 0
+    skips: int = 0
+
+
+@dataclasses.dataclass
+class BranchCache:
+    """One branch's cached values: the estimator's slot per cached quantity (``"output"`` for the whole model,
+    ``"<segment>.<stream>"`` for block residuals), and per block segment the streams it stored."""
+
+    slots: dict[str, Any] = dataclasses.field(default_factory=dict)
+    segment_streams: dict[int, set[str]] = dataclasses.field(default_factory=dict)
 
 
 class Forward:
@@ -119,14 +144,20 @@ class Forward:
 class LoopState:
     """Everything one sampling run learns: step position, decisions, caches and the profile.
 
-    ``plugin_state[interceptor_id][branch_key]`` holds per-branch state (dicts), ``shared[interceptor_id]``
-    run-level state. ``percent_to_sigma`` maps a schedule percent to the model's sigma (ComfyUI's
-    convention for start/end percents); without it, percents are fractions of the steps.
+    Each interceptor keeps what it learns in its own typed state (:meth:`state_of`, :meth:`branch_of`), the
+    estimator's cached values live in one :class:`BranchCache` per branch (``caches``), and the generic
+    decision bookkeeping in one :class:`DecisionRecord` per decider. ``percent_to_sigma`` maps a schedule
+    percent to the model's sigma (ComfyUI's convention for start/end percents); without it, percents are
+    fractions of the schedule's steps. ``first_step`` and ``schedule_steps`` place this run's steps in the
+    model's whole schedule (a second stage starts at ``first_step``; denoise < 1 starts part way); by default
+    the run is the whole schedule. ``cache_device`` is where every tensor kept across evaluations lives
+    (estimator slots, block residuals, decider anchors); arithmetic on them happens on the compute device.
     """
 
     def __init__(self, chain: InterceptorChain, sample_sigmas: Sequence[float],
                  percent_to_sigma: Callable[[float], float] | None = None,
-                 cache_device: torch.device | str | None = None, observers: Sequence[Any] = ()):
+                 cache_device: torch.device | str | None = None, observers: Sequence[Any] = (),
+                 first_step: int = 0, schedule_steps: int | None = None):
         self.chain = chain
         self.estimator = chain.estimator
         # looked up once: the engine asks for them on every forward and every block
@@ -134,13 +165,15 @@ class LoopState:
         self.block_decider = chain.decider(Granularity.BLOCKS)
         self.sample_sigmas = [float(s) for s in sample_sigmas]
         self.total_steps = max(len(self.sample_sigmas) - 1, 0)
+        self.first_step = first_step
+        self.schedule_steps = max(schedule_steps or 0, first_step + self.total_steps)
         self.percent_to_sigma = percent_to_sigma
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.observers = list(observers)
-        self.plugin_state: dict[str, dict[Any, dict]] = defaultdict(lambda: defaultdict(dict))
         self.run_states: dict[str, Any] = {}
         self.branch_states: dict[str, dict[BranchKey, Any]] = {}
-        self.shared: dict[str, dict] = defaultdict(dict)
+        self.decision_records: dict[str, DecisionRecord] = {d.id: DecisionRecord() for d in chain.deciders}
+        self.caches: dict[BranchKey, BranchCache] = {}
         self.records: list[EvaluationRecord] = []
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
         self.evaluation: Evaluation | None = None
@@ -176,15 +209,27 @@ class LoopState:
         step = self.step_of(sigma)
         record = EvaluationRecord(index=index, step=step, sigma=sigma)
         self.records.append(record)
-        self.evaluation = Evaluation(index, sigma, step, self.total_steps, record)
+        self.evaluation = Evaluation(index, sigma, step, self.total_steps, record, self.first_step + step,
+                                     self.schedule_steps)
         return self.evaluation
 
     def end_evaluation(self) -> None:
         ev = self.evaluation
         if ev is not None:
+            for decider_id in ev.decisions:
+                self._count(decider_id, ev)
             for obs in self.observers:
                 obs.on_evaluation_end(self, ev)
         self.evaluation = None
+
+    def _count(self, decider_id: str, ev: Evaluation) -> None:
+        record = self.decision_records[decider_id]
+        if decider_id in ev.skipped_by:
+            record.consecutive_skips += 1
+            record.skips += 1
+        else:
+            record.last_compute = ev.index
+            record.consecutive_skips = 0
 
     def ensure_evaluation(self, sigma: float) -> Evaluation:
         """Forwards outside a sampler evaluation (a custom sampler calling the model directly)."""
@@ -195,18 +240,17 @@ class LoopState:
         return ev
 
     def begin_forward(self, sigma: float, batch: int, row_shape: tuple[int, ...], dtype: torch.dtype,
-                      cond_or_uncond: Sequence[int] | None, uuids: Sequence[Hashable] | None,
-                      window: Hashable = None) -> Forward:
+                      cond_or_uncond: Sequence[int] | None, uuids: Sequence[Hashable] | None) -> Forward:
         ev = self.ensure_evaluation(sigma)
         branches = list(cond_or_uncond) if cond_or_uncond else [None]
         ids = list(uuids) if uuids and len(uuids) == len(branches) else [None] * len(branches)
         cacheable = batch % len(branches) == 0
         keys = []
         for branch, uuid in zip(branches, ids):
-            ident = (branch, uuid, tuple(row_shape), str(dtype), window)
+            ident = (branch, uuid, tuple(row_shape), str(dtype))
             occurrence = ev.occurrences[ident]
             ev.occurrences[ident] += 1
-            keys.append(BranchKey(branch, uuid, occurrence, tuple(row_shape), str(dtype), window))
+            keys.append(BranchKey(branch, uuid, occurrence, tuple(row_shape), str(dtype)))
         self.current_forward = Forward(ev, keys, batch // len(branches) if cacheable else batch, cacheable)
         return self.current_forward
 
@@ -226,25 +270,27 @@ class LoopState:
     # -- decisions --------------------------------------------------------------------------------
     def decide(self, decider: Decider, signals: dict[BranchKey, torch.Tensor] | None) -> bool:
         """The evaluation's decision for ``decider`` (True = compute), made once and shared by every
-        forward of the evaluation, so every CFG branch follows the same schedule."""
+        forward of the evaluation, so every CFG branch follows the same schedule. A decision to skip is only
+        a wish: the engine skips where the cache allows and reports it with :meth:`skipped`."""
         ev = self.evaluation
         if decider.id in ev.decisions:
             return ev.decisions[decider.id]
         forced = ev.index == 0 or ev.is_last_step or not self.in_window(decider, ev)
         compute = True if forced else bool(decider.decide(self, ev, signals))
         ev.decisions[decider.id] = compute
-        if compute:
-            self.shared[decider.id]["last_compute"] = ev.index
-            self.shared[decider.id]["last_compute_sigma"] = ev.sigma
-            self.shared[decider.id]["consecutive_skips"] = 0
-        else:
-            self.shared[decider.id]["consecutive_skips"] = self.shared[decider.id].get("consecutive_skips", 0) + 1
-            self.shared[decider.id]["skips"] = self.shared[decider.id].get("skips", 0) + 1
-            ev.record.decided_by = decider.label
         return compute
 
+    def skipped(self, decider: Decider) -> None:
+        """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""
+        ev = self.evaluation
+        ev.skipped_by.add(decider.id)
+        ev.record.decided_by = decider.label
+
+    def decisions_of(self, decider: Decider) -> DecisionRecord:
+        return self.decision_records[decider.id]
+
     def evaluations_since_compute(self, decider: Decider) -> int:
-        last = self.shared[decider.id].get("last_compute")
+        last = self.decision_records[decider.id].last_compute
         return self.evaluation.index - last - 1 if last is not None else 0
 
     def report_metric(self, decider: Decider, value: float, threshold: float) -> None:
@@ -276,33 +322,53 @@ class LoopState:
         return state
 
     # -- caches -----------------------------------------------------------------------------------
-    def branch_state(self, interceptor_id: str, key: BranchKey) -> dict:
-        return self.plugin_state[interceptor_id][key]
+    def keep(self, parts: dict | None) -> dict:
+        """Branch tensors a decider keeps across evaluations (anchors, previous inputs): detached copies on the
+        cache device, since the model may modify what it was handed in place."""
+        return {k: self.to_cache(v.detach().clone()) for k, v in parts.items()} if parts else {}
+
+    def to_cache(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` where the run keeps cached tensors. A blocking copy: a non-blocking one into pageable host
+        memory may still be in flight when the value is read back, and the reader would see garbage."""
+        if self.cache_device is not None and value.device != self.cache_device:
+            value = value.to(self.cache_device)
+        return value
+
+    def cache_of(self, key: BranchKey) -> BranchCache:
+        cache = self.caches.get(key)
+        if cache is None:
+            cache = self.caches[key] = BranchCache()
+        return cache
 
     def store(self, key: BranchKey, name: str, value: torch.Tensor, sigma: float) -> None:
         """Hand a freshly computed value to the estimator. Always a tensor the model no longer touches."""
-        if self.cache_device is not None and value.device != self.cache_device:
-            # A blocking copy: a non-blocking one into pageable host memory may still be in flight when the
-            # value is read back, and the reader would see garbage.
-            value = value.to(self.cache_device)
-        slots = self.branch_state(self.estimator.id, key)
-        self.estimator.observe(slots.setdefault(name, {}), value, sigma)
+        slots = self.cache_of(key).slots
+        slot = slots.get(name)
+        if slot is None:
+            slot = slots[name] = self.estimator.Slot()
+        self.estimator.observe(slot, self.to_cache(value), sigma)
 
     def has(self, key: BranchKey, name: str) -> bool:
-        slot = self.plugin_state[self.estimator.id].get(key, {}).get(name)
+        cache = self.caches.get(key)
+        slot = cache.slots.get(name) if cache is not None else None
         return slot is not None and self.estimator.ready(slot)
 
+    def estimate(self, key: BranchKey, name: str, sigma: float, like: torch.Tensor) -> torch.Tensor:
+        value = self.estimator.estimate(self.caches[key].slots[name], sigma, like.device)
+        return value.to(dtype=like.dtype)
+
     def release_caches(self) -> None:
-        """Drop the per-branch caches once the run is over. A run's state can outlive its run (a report that
-        plots it, an exception's traceback); its cached tensors need not. ``records`` and ``shared`` (run-level
-        results such as a calibration's recordings) stay."""
-        self.plugin_state.clear()
+        """Drop everything the run kept of its tensors once it is over: estimator slots, block residuals and every
+        interceptor's state. A run's state can outlive its run (a report that plots it, an exception's
+        traceback); its tensors need not. ``records`` and ``notes`` stay, and so does the run state of recording
+        deciders (``keeps_results``), whose recordings are the run's result."""
+        self.caches.clear()
+        self.branch_states.clear()
+        for interceptor in self.chain:
+            if not getattr(interceptor, "keeps_results", False):
+                self.run_states.pop(interceptor.id, None)
         self.evaluation = None
         self.current_forward = None
-
-    def estimate(self, key: BranchKey, name: str, sigma: float, like: torch.Tensor) -> torch.Tensor:
-        value = self.estimator.estimate(self.plugin_state[self.estimator.id][key][name], sigma)
-        return value.to(device=like.device, dtype=like.dtype)
 
 
 def _new_state(interceptor, kind: str):

@@ -28,28 +28,36 @@ class TaylorSeer(Estimator):
         if int(self.order) != self.order or not 0 <= self.order <= 2:
             raise InterceptorError(f"{self.label}: 'order' must be 0, 1 or 2, got {self.order}.")
 
-    def observe(self, slot: dict, value: torch.Tensor, sigma: float) -> None:
-        points = slot.setdefault("points", [])
-        if points and abs(points[-1][0] - sigma) <= 1e-6 * max(abs(sigma), 1e-6):
-            points[-1] = (sigma, value)  # a repeat at the same sigma (2nd-order samplers): keep the newest
-        else:
-            points.append((sigma, value))
-        del points[:-(self.order + 1)]
+    @dataclasses.dataclass
+    class Slot:
+        points: list[tuple[float, torch.Tensor]] = dataclasses.field(default_factory=list)  # (sigma, value)
 
-    def ready(self, slot: dict) -> bool:
-        return bool(slot.get("points"))
+    def observe(self, slot: Slot, value: torch.Tensor, sigma: float) -> None:
+        # A sigma seen before (second-order samplers repeat one; a non-monotone custom schedule may return to
+        # one) replaces the older point: two nodes at one sigma have no interpolating polynomial.
+        points = [p for p in slot.points if not same_sigma(p[0], sigma)]
+        points.append((sigma, value))
+        slot.points = points[-(self.order + 1):]
 
-    def estimate(self, slot: dict, sigma: float) -> torch.Tensor:
-        points = slot["points"]
+    def ready(self, slot: Slot) -> bool:
+        return bool(slot.points)
+
+    def estimate(self, slot: Slot, sigma: float, device: torch.device) -> torch.Tensor:
+        points = slot.points
         weights = lagrange_weights([s for s, _ in points], sigma)
-        out = points[0][1] * weights[0]
+        out = points[0][1].to(device) * weights[0]
         for (_, value), w in zip(points[1:], weights[1:]):
-            out = out + value * w
+            out = out + value.to(device) * w
         return out
 
 
+def same_sigma(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1e-6)
+
+
 def lagrange_weights(nodes: list[float], at: float) -> list[float]:
-    """Weights w_i with p(at) = sum w_i f(nodes_i) for the interpolating polynomial through ``nodes``."""
+    """Weights w_i with p(at) = sum w_i f(nodes_i) for the interpolating polynomial through ``nodes``
+    (distinct nodes)."""
     weights = []
     for i, si in enumerate(nodes):
         w = 1.0

@@ -13,7 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .base import Decider, Granularity, InterceptorError, check_range
-from .metrics import detach, relative_l1
+from .metrics import relative_l1
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
@@ -35,6 +35,7 @@ SIGNAL_FAMILIES = ("flux", "chroma", "hunyuan_video", "ltxv", "wan")
 
 
 def rescale(coefficients: tuple[float, ...], x: float) -> float:
+    """The polynomial with ``coefficients`` (highest power first, as numpy.poly1d) at ``x``."""
     value = 0.0
     for c in coefficients:
         value = value * x + c
@@ -67,22 +68,28 @@ class TeaCache(Decider):
                     f"for {card.name}. Use the Adaptive Cache node (any model, no fitting) or DBCache instead."]
         return []
 
+    @dataclasses.dataclass
+    class RunState:
+        previous: dict = dataclasses.field(default_factory=dict)  # modulated input of the previous evaluation
+        accumulated: float = 0.0
+
     def decide(self, run, ev, signals) -> bool:
-        shared = run.shared[self.id]
-        previous = shared.get("previous")
-        shared["previous"] = detach(signals)
+        state = run.state_of(self)
+        previous = dict(state.previous)
+        state.previous.update(run.keep(signals))
         coefficients = self.coefficients_for(run.card)
         if self.threshold <= 0 or not signals or not previous or coefficients is None:
             return True
         change = relative_l1(signals, previous)
         if change is None:
             return True
-        shared["accumulated"] = shared.get("accumulated", 0.0) + abs(rescale(coefficients, change))
-        run.report_metric(self, shared["accumulated"], self.threshold)
-        return shared["accumulated"] >= self.threshold
+        state.accumulated += abs(rescale(coefficients, change))
+        run.report_metric(self, state.accumulated, self.threshold)
+        return state.accumulated >= self.threshold
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        shared = run.shared[self.id]
-        shared["accumulated"] = 0.0
-        if signals and "previous" not in shared:
-            shared["previous"] = detach(signals)
+        # The reference moves on every computed evaluation, forced ones (first step, outside the window) included,
+        # as in the authors' code; otherwise the first step back in the window compares against a stale input.
+        state = run.state_of(self)
+        state.accumulated = 0.0
+        state.previous.update(run.keep(signals))

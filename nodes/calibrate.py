@@ -27,7 +27,9 @@ class PromptRunner:
         self.runs = []
 
     def __call__(self, chain: InterceptorChain) -> dict:
-        patched = comfy_adapter.install(self.model, chain, on_run_end=lambda run, summary: self.runs.append(run))
+        steps, denoise = self.args[1], self.denoise
+        patched = comfy_adapter.install(self.model, chain, on_run_end=lambda run, summary: self.runs.append(run),
+                                        schedule=comfy_adapter.schedule_of(steps, denoise))
         (latent,) = comfy_nodes.common_ksampler(patched, *self.args, denoise=self.denoise)
         return latent
 
@@ -72,11 +74,12 @@ class AutoCalibrate(io.ComfyNode):
                               denoise)
         reference = sample(InterceptorChain.of([Recorder(node=node)]))
         sigmas, outputs = recorded_trajectory(sample.runs[-1])
+        schedule = sample.runs[-1].sample_sigmas
 
         def plan_chain(compute, psnr=float("inf")):
             return InterceptorChain.of([
-                PlannedSchedule(compute=tuple(compute), evaluations=len(sigmas), steps=sample.runs[0].total_steps,
-                                psnr=psnr, node=node),
+                PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=tuple(schedule), psnr=psnr,
+                                node=node),
                 TaylorSeer(order=order, node=node)])
 
         def measure(compute) -> float:

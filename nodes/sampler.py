@@ -57,10 +57,12 @@ def ksampler_inputs() -> list:
 
 
 def prepare(model, chain: InterceptorChain, node: str, allow_distilled: bool, cache_on_cpu: bool,
-            steps: int | None = None, cfg: float | None = None, report: RunReport | None = None):
+            steps: int | None = None, cfg: float | None = None, report: RunReport | None = None,
+            schedule: tuple[int, int] | None = None):
     """The model to sample with and the report that will describe the run. Validation happens here,
     before any sampling; a refused chain leaves ``model`` untouched. Without a report (Apply
-    Interceptors, whose output ComfyUI reuses across prompts) runs are only logged."""
+    Interceptors, whose output ComfyUI reuses across prompts) runs are only logged. ``schedule``: where the
+    run's steps sit in the model's whole schedule (``comfy_adapter.schedule_of``)."""
     report = report or RunReport(node, chain, live=False)
     if chain.empty:
         return model, report
@@ -70,7 +72,7 @@ def prepare(model, chain: InterceptorChain, node: str, allow_distilled: bool, ca
     try:
         hooks = dict(on_run_end=report.run_ended, on_evaluation=report.evaluation_ended) if report.live else {}
         patched = comfy_adapter.install(model, chain, allow_distilled=allow_distilled, cache_on_cpu=cache_on_cpu,
-                                        **hooks)
+                                        schedule=schedule, **hooks)
     except ValueError as e:
         raise ValueError(f"{node}: {e}") from None
     return patched, report
@@ -103,7 +105,8 @@ class CachedSampler(io.ComfyNode):
         node = node_label("Cached Sampler", cls.hidden.unique_id)
         chain = as_chain(interceptors, node)
         report = RunReport(node, chain, node_id=cls.hidden.unique_id)
-        patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report)
+        patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report,
+                                  comfy_adapter.schedule_of(steps, denoise))
         (latent,) = comfy_nodes.common_ksampler(patched, seed, steps, cfg, sampler_name, scheduler, positive,
                                                 negative, latent_image, denoise=denoise)
         return io.NodeOutput(latent, report.plot(), ui=report.ui())
@@ -142,7 +145,8 @@ class CachedSamplerAdvanced(io.ComfyNode):
         node = node_label("Cached Sampler (Advanced)", cls.hidden.unique_id)
         chain = as_chain(interceptors, node)
         report = RunReport(node, chain, node_id=cls.hidden.unique_id)
-        patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report)
+        patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report,
+                                  comfy_adapter.schedule_of(steps, start_step=start_at_step))
         (latent,) = comfy_nodes.common_ksampler(
             patched, noise_seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
             denoise=1.0, disable_noise=add_noise == "disable", start_step=start_at_step, last_step=end_at_step,

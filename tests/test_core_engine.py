@@ -63,9 +63,8 @@ def test_branch_caches_never_cross():
     model_forward(run, fwd, batch, torch.ones(2), lambda: batch * 0.5)
     run.end_forward(fwd, None)
     run.end_evaluation()
-    est = run.plugin_state[run.estimator.id]
-    uncond = next(k for k in est if k.branch == 1)
-    est[uncond]["output"]["value"] = torch.full((1, 3), float("nan"))
+    uncond = next(k for k in run.caches if k.branch == 1)
+    run.caches[uncond].slots["output"].value = torch.full((1, 3), float("nan"))
     run.begin_evaluation(0.9)
     fwd = run.begin_forward(0.9, 2, (3,), batch.dtype, [1, 0], ["u", "c"])
     out = model_forward(run, fwd, batch, torch.full((2,), 0.9), lambda: batch)
@@ -98,7 +97,7 @@ def test_loop_states_are_independent():
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2)])
     a, b = ic.LoopState(chain, SIGMAS), ic.LoopState(chain, SIGMAS)
     drive(a, CountingModel(), torch.ones(1, 2))
-    assert not b.records and not b.plugin_state
+    assert not b.records and not b.caches
 
 
 def test_block_plan_segments():
@@ -146,6 +145,5 @@ def test_block_skip_uses_cloned_input_even_when_blocks_mutate_in_place():
         if i == 1:
             assert not fwd.computed
             assert torch.allclose(img, full, atol=1e-6)  # same input: reused residual reproduces the result
-    stored = run.plugin_state[run.estimator.id]
-    residual = next(iter(stored.values()))["0.img"]["value"]
+    residual = next(iter(run.caches.values())).slots["0.img"].value
     assert residual.abs().sum() > 0

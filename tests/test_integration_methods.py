@@ -163,13 +163,17 @@ def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, sp
         kind = "poison"
         display_name = "Poison"
 
+        @dataclasses.dataclass
+        class Slot(ic.ReuseLast.Slot):
+            branch: int | None = None
+
         def observe(self, slot, value, sigma):
-            slot["value"] = value * 7.0 + 3.0 if slot.get("branch") == 1 else value
+            slot.value = value * 7.0 + 3.0 if slot.branch == 1 else value
 
     def tag_branches(run, ev):
-        for key, slots in run.plugin_state[run.estimator.id].items():
-            for slot in slots.values():
-                slot["branch"] = key.branch
+        for key, cache in run.caches.items():
+            for slot in cache.slots.values():
+                slot.branch = key.branch
 
     def run(estimator):
         first = (ic.FixedCadence(interval=2) if decider == "cadence" else

@@ -93,9 +93,11 @@ def _calibrate(digits, **target):
     reference = comfy_sample.sample(recorder, noise, STEPS, 3.0, "euler", "simple", positive, negative, latent,
                                     disable_pbar=True, seed=0)
     sigmas, outputs = ic.recorded_trajectory(runs[-1])
+    schedule = tuple(runs[-1].sample_sigmas)
 
     def chain(compute):
-        return [ic.PlannedSchedule(compute=tuple(compute), evaluations=len(sigmas), steps=STEPS), ic.TaylorSeer(order=1)]
+        return [ic.PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=schedule),
+                ic.TaylorSeer(order=1)]
 
     plan = ic.calibrate(sigmas, outputs, lambda c: ic.latent_psnr(reference, digits.sample(chain(c), runs=[])),
                         order=1, **target)
