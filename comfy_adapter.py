@@ -32,6 +32,7 @@ from comfy.patcher_extension import WrappersMP
 from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
                            summarize)
 from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
+from .interceptors.state import schedule_of  # noqa: F401  (the sampling nodes place their runs with it)
 
 log = logging.getLogger("cached_sampler")
 
@@ -104,16 +105,6 @@ def conflicts(chain: InterceptorChain, model_options: dict, wrappers: dict) -> l
     if compiled(model_options, wrappers):
         problems.extend(chain.compile_problems("TorchCompileModel"))
     return problems
-
-
-def schedule_of(steps: int, denoise: float = 1.0, start_step: int = 0) -> tuple[int, int]:
-    """(first step, steps in the whole schedule) of a KSampler run, as ComfyUI's ``KSampler.set_steps`` and
-    ``sample`` slice the schedule: denoise < 1 samples the last ``steps`` of ``int(steps / denoise)``, and
-    KSampler (Advanced) starts at ``start_step`` of ``steps``."""
-    if denoise is not None and 0.0 < denoise <= 0.9999:
-        total = int(steps / denoise)
-        return total - steps, total
-    return min(start_step, steps), steps
 
 
 def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, cache_on_cpu: bool = False,

@@ -13,7 +13,7 @@ from .magcache import MagCache, MagnitudeRecorder, recorded_ratios
 from .observers import NaNWatch
 from .planned import Plan, PlannedSchedule, Recorder, calibrate, latent_psnr, recorded_trajectory
 from .reuse import ReuseLast
-from .state import BranchKey, Evaluation, Forward, LoopState
+from .state import BranchKey, Evaluation, Forward, LoopState, schedule_of
 from .stats import RunSummary, summarize
 from .taylorseer import TaylorSeer
 from .teacache import TeaCache
@@ -21,5 +21,5 @@ from .teacache import TeaCache
 __all__ = [
     "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "latent_psnr", "recorded_trajectory", "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "Granularity",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
-    "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "summarize",
+    "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "schedule_of", "summarize",
 ]

@@ -371,6 +371,16 @@ class LoopState:
         self.current_forward = None
 
 
+def schedule_of(steps: int, denoise: float = 1.0, start_step: int = 0) -> tuple[int, int]:
+    """(first step, steps in the whole schedule) of a KSampler run, as ComfyUI's ``KSampler.set_steps`` and
+    ``sample`` slice the schedule: denoise < 1 samples the last ``steps`` of ``int(steps / denoise)``, and
+    KSampler (Advanced) starts at ``start_step`` of ``steps``."""
+    if denoise is not None and 0.0 < denoise <= 0.9999:
+        total = int(steps / denoise)
+        return total - steps, total
+    return min(start_step, steps), steps
+
+
 def _new_state(interceptor, kind: str):
     factory = getattr(interceptor, kind, None)
     if factory is None:

@@ -147,3 +147,83 @@ def test_block_skip_uses_cloned_input_even_when_blocks_mutate_in_place():
             assert torch.allclose(img, full, atol=1e-6)  # same input: reused residual reproduces the result
     residual = next(iter(run.caches.values())).slots["0.img"].value
     assert residual.abs().sum() > 0
+
+
+def test_a_skip_the_engine_could_not_make_counts_as_computed():
+    """The conditioning changes at evaluation 3 (a prompt switch): Fixed Cadence wishes to skip there, but the new
+    branch has no cache, so the model runs. That evaluation is the cadence's new anchor: evaluation 4 is skipped,
+    not computed because a phantom skip at 3 made the cadence think it was due."""
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2)])
+    run = ic.LoopState(chain, SIGMAS)
+    x = torch.ones(1, 3)
+    computed = []
+    for i, sigma in enumerate(SIGMAS[:-1]):
+        run.begin_evaluation(sigma)
+        uuid = "a" if i < 3 else "b"
+        fwd = run.begin_forward(sigma, 1, (3,), x.dtype, [0], [uuid])
+        model_forward(run, fwd, x, torch.full((1,), sigma), lambda: computed.append(i) or x * 0.5)
+        run.end_forward(fwd, None)
+        run.end_evaluation()
+    assert computed == [0, 2, 3, 5, 7]
+    assert [r.decided_by is not None for r in run.records] == [not (i in computed) for i in range(8)]
+    assert run.decisions_of(chain.deciders[0]).skips == 3
+
+
+def test_dbcache_limits_count_only_real_skips():
+    """max_cached_steps=2: a wish to skip at an evaluation whose branch has no cache yet must not use up the
+    budget. Blocks really run are counted at the block."""
+    plan = BlockPlan([("double_block", 3)], front=1, back=0)
+    decider = ic.DBCache(front=1, back=0, threshold=1e9, warmup=0.0, max_cached_steps=2, max_consecutive_cached=-1,
+                         start_percent=0.0, end_percent=1.0)
+    run = ic.LoopState(ic.InterceptorChain.of([decider]), SIGMAS)
+    ran = []
+
+    def block(args):
+        ran.append(1)
+        return {"img": args["img"] * 0.9 + 0.5}
+
+    for i, sigma in enumerate(SIGMAS[:-1]):
+        run.begin_evaluation(sigma)
+        uuids = ["a"] if i < 2 else ["b"]  # a new conditioning from evaluation 2: no cache for it there
+        fwd = run.begin_forward(sigma, 1, (2,), torch.float32, [0], uuids)
+        img = torch.full((1, 2), sigma)
+        for pos in range(3):
+            img = block_call(run, plan, pos, ("img",), {"img": img}, block)["img"]
+        run.end_forward(fwd, img)
+        run.end_evaluation()
+    # evaluation 0 computes; 1 skips; 2 wishes to skip but has no cache for "b"; 3 and 4 skip (budget of 2 spent
+    # at 1 and 3); everything after computes. 3 blocks per computed evaluation, the probe block only otherwise.
+    skipped = [i for i, r in enumerate(run.records) if r.skipped]
+    assert skipped == [1, 3]
+    assert len(ran) == 3 * 6 + 1 * 2
+
+
+def _tensors_in(obj, seen=None, path="run"):
+    """Every tensor reachable from ``obj`` through its attributes and containers (not through callables)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or callable(obj) and not dataclasses.is_dataclass(obj):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [path]
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _tensors_in(k, seen, f"{path}[{k!r}]") + _tensors_in(v, seen, f"{path}[{k!r}]")]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [p for i, v in enumerate(obj) for p in _tensors_in(v, seen, f"{path}[{i}]")]
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        return [p for k, v in vars(obj).items() for p in _tensors_in(v, seen, f"{path}.{k}")]
+    return []
+
+
+import dataclasses  # noqa: E402
+
+
+def test_nothing_of_a_run_outlives_it():
+    """After release_caches, no tensor is reachable from the run: estimator slots, anchors, previous inputs."""
+    for decider in (ic.AdaptiveCache(threshold=100.0, start_percent=0.0, end_percent=1.0),
+                    ic.FixedCadence(interval=2)):
+        run = ic.LoopState(ic.InterceptorChain.of([decider, ic.TaylorSeer(order=2)]), SIGMAS)
+        drive(run, CountingModel(), torch.randn(1, 3))
+        assert _tensors_in(run), "the test must see the run's tensors before the release"
+        run.release_caches()
+        assert _tensors_in(run) == []
