@@ -198,24 +198,24 @@ def test_dbcache_limits_count_only_real_skips():
     assert len(ran) == 3 * 6 + 1 * 2
 
 
-def _tensors_in(obj, seen=None, path="run"):
-    """Every tensor reachable from ``obj`` through its attributes and containers (not through callables)."""
+def tensors_in(obj, with_values=False, seen=None, path="run") -> list:
+    """Paths (and with ``with_values`` the tensors) of every tensor reachable from ``obj`` through attributes and
+    containers; callables (a run's percent_to_sigma holds the model's sampling object) are not followed."""
     seen = set() if seen is None else seen
-    if id(obj) in seen or callable(obj) and not dataclasses.is_dataclass(obj):
+    if id(obj) in seen or (callable(obj) and not isinstance(obj, torch.Tensor)) or isinstance(obj, type):
         return []
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
-        return [path]
+        return [(path, obj) if with_values else path]
     if isinstance(obj, dict):
-        return [p for k, v in obj.items() for p in _tensors_in(k, seen, f"{path}[{k!r}]") + _tensors_in(v, seen, f"{path}[{k!r}]")]
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [p for i, v in enumerate(obj) for p in _tensors_in(v, seen, f"{path}[{i}]")]
-    if hasattr(obj, "__dict__") and not isinstance(obj, type):
-        return [p for k, v in vars(obj).items() for p in _tensors_in(v, seen, f"{path}.{k}")]
-    return []
-
-
-import dataclasses  # noqa: E402
+        items = [(f"{path}[{k!r}]", x) for k, v in obj.items() for x in (k, v)]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(obj)]
+    elif hasattr(obj, "__dict__"):
+        items = [(f"{path}.{k}", v) for k, v in vars(obj).items()]
+    else:
+        return []
+    return [found for p, v in items for found in tensors_in(v, with_values, seen, p)]
 
 
 def test_nothing_of_a_run_outlives_it():
@@ -224,6 +224,6 @@ def test_nothing_of_a_run_outlives_it():
                     ic.FixedCadence(interval=2)):
         run = ic.LoopState(ic.InterceptorChain.of([decider, ic.TaylorSeer(order=2)]), SIGMAS)
         drive(run, CountingModel(), torch.randn(1, 3))
-        assert _tensors_in(run), "the test must see the run's tensors before the release"
+        assert tensors_in(run), "the test must see the run's tensors before the release"
         run.release_caches()
-        assert _tensors_in(run) == []
+        assert tensors_in(run) == []

@@ -1,0 +1,140 @@
+"""Deciders at the edges real graphs reach, through ComfyUI's executor: conditioning that changes mid-run,
+runs that are part of a longer schedule, and what a run leaves behind. Assertions are on work counted at the
+model's hooks (forwards and blocks that really ran)."""
+import pytest
+import torch
+
+import graphs
+import tiny_models
+from test_core_engine import tensors_in
+from tiny_nodes import CAPTURED
+
+WINDOW = dict(start_percent=0.0, end_percent=1.0)
+
+
+def _decisions(ui, node="sampler"):
+    return [run["decisions"] for run in ui[node]["cached_sampler"][0]["runs"]]
+
+
+def _count(prompt, node_id, key, family="flux", model="model"):
+    prompt[node_id] = {"class_type": "TestCountModelWork", "inputs": {"model": [model, 0], "family": family,
+                                                                      "key": key}}
+    return node_id
+
+
+@pytest.mark.parametrize("threshold", [1.0])
+def test_prompt_switch_half_way_keeps_adaptive_cache_skipping(comfy, threshold):
+    """ConditioningSetTimestepRange switches the positive prompt half way, which gives the cond branch a new
+    conditioning entry (a new cache key). One evaluation computes for the new branch; after it, caching goes on."""
+    prompt = graphs.base("flux", latent_seed=5)
+    prompt["cond2"] = {"class_type": "TestTinyConditioning", "inputs": {"family": "flux", "seed": 9, "length": 4}}
+    prompt["first"] = {"class_type": "ConditioningSetTimestepRange",
+                       "inputs": {"conditioning": ["cond", 0], "start": 0.0, "end": 0.5}}
+    prompt["second"] = {"class_type": "ConditioningSetTimestepRange",
+                        "inputs": {"conditioning": ["cond2", 0], "start": 0.5, "end": 1.0}}
+    prompt["switch"] = {"class_type": "ConditioningCombine",
+                        "inputs": {"conditioning_1": ["first", 0], "conditioning_2": ["second", 0]}}
+    _count(prompt, "count", "work")
+    chain = graphs.config(prompt, "method", "CachedSamplerAdaptiveCache", threshold=threshold,
+                          max_consecutive_cached=-1, **WINDOW)
+    node = graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=16, cfg=3.0)
+    node["sampler"]["inputs"]["positive"] = ["switch", 0]
+    _, ui = comfy.run(prompt)
+    (decisions,) = _decisions(ui)
+    assert CAPTURED["work"]["forwards"] == decisions.count("c"), (CAPTURED["work"], decisions)
+    assert "s" in decisions[:8], f"no skip before the switch: the test would prove nothing ({decisions})"
+    assert "s" in decisions[10:-1], f"caching stopped after the prompt switch: {decisions}"
+
+
+def test_second_stage_decides_as_the_same_steps_of_one_stage(comfy):
+    """MagCache's curve and retention are read at each step's place in the whole schedule: the second stage of a
+    KSampler (Advanced) split (Wan 2.2 high/low noise) makes the decisions the one-stage run makes at those steps.
+    MagCache's state resets on every computed step, so the split is put at a step the one-stage run computes."""
+    steps, split = 10, 6
+    prompt = graphs.base("flux", latent_seed=5)
+    for key in ("one", "hi", "lo"):
+        _count(prompt, f"count_{key}", key)
+    chain = graphs.config(prompt, "method", "CachedSamplerMagCache", threshold=0.06, K=2, retention_ratio=0.2,
+                          model_type="auto", custom_ratios="", **WINDOW)
+    stages = {"one": dict(start=0, end=10000), "hi": dict(start=0, end=split, leftover="enable"),
+              "lo": dict(start=split, end=10000, add_noise="disable", latent=("hi", 0))}
+    for key, kw in stages.items():
+        inputs = graphs.advanced_inputs(steps=steps, model=f"count_{key}", **kw)
+        inputs["interceptors"] = [chain, 0]
+        prompt[key] = {"class_type": "CachedSamplerAdvanced", "inputs": inputs}
+        prompt[f"capture_{key}"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": [key, 0], "key": f"latent_{key}"}}
+    _, ui = comfy.run(prompt)
+    (one,), (lo,) = _decisions(ui, "one"), _decisions(ui, "lo")
+    blocks = sum(tiny_models.block_groups("flux").values())
+    assert CAPTURED["lo"]["blocks"] == lo.count("c") * blocks, "decisions and the blocks that ran disagree"
+    assert one[split] == "c" and "s" in one[split:], one
+    assert lo == one[split:], f"second stage {lo} against the same steps of one stage {one[split:]}"
+
+
+CHAINS = {
+    "dbcache+taylorseer": lambda ic: [ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, max_consecutive_cached=2,
+                                                 **WINDOW), ic.TaylorSeer(order=2)],
+    "teacache": lambda ic: [ic.TeaCache(threshold=100.0, **WINDOW)],
+    "magcache": lambda ic: [ic.MagCache(threshold=100.0, max_skips=2, retention=0.0, **WINDOW)],
+    "adaptive": lambda ic: [ic.AdaptiveCache(threshold=100.0, max_consecutive_cached=2, **WINDOW)],
+}
+
+
+def _chain_of(comfy, name):
+    ic = comfy.module("interceptors")
+    return ic.InterceptorChain.of(CHAINS[name](ic))
+
+
+def _sample(comfy, chain, **install):
+    """Sample the tiny Flux with ``chain`` installed; returns (latent, the runs)."""
+    import nodes
+    adapter = comfy.module("comfy_adapter")
+    runs = []
+    patched = adapter.install(tiny_models.build("flux"), chain, on_run_end=lambda run, summary: runs.append(run),
+                              **install)
+    positive, negative = tiny_models.conditioning("flux", seed=1)
+    (latent,) = nodes.common_ksampler(patched, 1, 8, 3.0, "euler", "simple", positive, negative,
+                                      tiny_models.latent("flux", seed=5))
+    return latent["samples"], runs
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_nothing_of_a_run_outlives_it(comfy, name):
+    """Once a run is over, no tensor is reachable from what it owned: caches, anchors, previous inputs."""
+    seen = []
+    chain = _chain_of(comfy, name)
+    _, runs = _sample(comfy, chain, on_evaluation=lambda run, ev: seen.append(len(tensors_in(run))))
+    assert max(seen) > 0, "the run held no tensor while sampling: the test would prove nothing"
+    assert any(r.skipped for r in runs[0].records), "nothing was skipped: the test would prove nothing"
+    assert tensors_in(runs[0]) == []
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_every_kept_tensor_goes_to_the_cache_device(comfy, name, monkeypatch):
+    """cache_on_cpu: every tensor a run keeps across evaluations (estimator slots, block residuals, decider anchors)
+    is placed by LoopState.to_cache. On a CPU-only machine the cache device and the compute device are the same, so
+    placement is checked by identity: at the end of every evaluation each tensor the run holds must be one that
+    to_cache returned. The result must not change."""
+    state = comfy.module("interceptors.state")
+    placed = set()
+    original = state.LoopState.to_cache
+
+    def to_cache(self, value):
+        out = original(self, value)
+        assert self.cache_device is not None and out.device == self.cache_device
+        placed.add(id(out))
+        return out
+
+    monkeypatch.setattr(state.LoopState, "to_cache", to_cache)
+    strays = []
+
+    def check(run, ev):
+        strays.extend(path for path, tensor in tensors_in(run, with_values=True) if id(tensor) not in placed)
+
+    chain = _chain_of(comfy, name)
+    on_cpu, runs = _sample(comfy, chain, cache_on_cpu=True, on_evaluation=check)
+    assert placed and any(r.skipped for r in runs[0].records)
+    assert strays == []
+    monkeypatch.setattr(state.LoopState, "to_cache", original)
+    on_device, _ = _sample(comfy, chain)
+    assert torch.equal(on_cpu, on_device)
