@@ -227,3 +227,26 @@ def test_nothing_of_a_run_outlives_it():
         assert tensors_in(run), "the test must see the run's tensors before the release"
         run.release_caches()
         assert tensors_in(run) == []
+
+
+def test_a_plan_for_another_schedule_computes_everything_and_says_so():
+    """A plan is keyed on the sigmas it was calibrated for. On its own schedule it skips what it names; on
+    another (other steps, scheduler or denoise: other sigmas) it computes every step, and the run notes it once."""
+    evaluations = SIGMAS[:-1]
+    plan = dict(compute=(0, 3, 7), sigmas=tuple(evaluations), schedule=tuple(SIGMAS))
+    own = ic.LoopState(ic.InterceptorChain.of([ic.PlannedSchedule(**plan)]), SIGMAS)
+    model = CountingModel()
+    drive(own, model, torch.ones(1, 3))
+    assert model.calls == 3 and not own.notes
+
+    denoised = [s * 0.8 for s in SIGMAS]  # the same step count, another schedule
+    other = ic.LoopState(ic.InterceptorChain.of([ic.PlannedSchedule(**plan)]), denoised)
+    model = CountingModel()
+    for sigma in denoised[:-1]:
+        other.begin_evaluation(sigma)
+        fwd = other.begin_forward(sigma, 2, (3,), torch.float32, [1, 0], ["u", "c"])
+        s = torch.full((2,), sigma)
+        other.end_forward(fwd, model_forward(other, fwd, torch.ones(2, 3), s, lambda: model(torch.ones(2, 3), s)))
+        other.end_evaluation()
+    assert model.calls == 8
+    assert len(other.notes) == 1 and "another schedule" in other.notes[0]

@@ -266,8 +266,8 @@ def test_nan_on_a_substituted_block_step_names_the_decider_and_the_estimator(com
         kind = "test_poisoned_blocks"
         display_name = "Poisoned forecast"
 
-        def estimate(self, slot, sigma):
-            return slot["value"] * float("nan")
+        def estimate(self, slot, sigma, device):
+            return slot.value * float("nan")
 
     chain = ic.InterceptorChain.of([ic.DBCache(threshold=1.0, warmup=0.0).with_node("DBCache (node db)"),
                                     Poisoned().with_node("Poisoned forecast (node ts)")])
@@ -290,8 +290,8 @@ def test_nan_from_a_whole_model_substitution_is_caught(comfy):
         kind = "test_poisoned"
         display_name = "Poisoned forecast"
 
-        def estimate(self, slot, sigma):
-            return slot["value"] * float("nan")
+        def estimate(self, slot, sigma, device):
+            return slot.value * float("nan")
 
     model = tiny_models.build("flux")
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2).with_node("Fixed Cadence (node 7)"),

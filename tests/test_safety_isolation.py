@@ -233,15 +233,19 @@ def module_global_reuse(ic):
         kind = "test_module_global_reuse"
         display_name = "Module-global reuse (deliberately broken)"
 
+        @dataclasses.dataclass
+        class Slot:
+            seen: bool = False
+
         def observe(self, slot, value, sigma):
             _MODULE_CACHE["value"] = value
-            slot["seen"] = True
+            slot.seen = True
 
         def ready(self, slot):
             return "value" in _MODULE_CACHE
 
-        def estimate(self, slot, sigma):
-            return _MODULE_CACHE["value"]
+        def estimate(self, slot, sigma, device):
+            return _MODULE_CACHE["value"].to(device)
 
     return ModuleGlobalReuse()
 
