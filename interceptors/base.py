@@ -141,7 +141,10 @@ class Decider(Interceptor):
         return 0, 0
 
     def decide(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None) -> bool:
-        """Return True to compute, False to skip. Window and first/last-step guards are applied before."""
+        """Return True to compute, False to skip. Window and first/last-step guards are applied before. A skip is
+        a wish: where a branch has no cache yet the engine computes, calls :meth:`computed`, and the run's
+        bookkeeping (``run.decisions_of``) counts a computed evaluation. Keep what you learn in ``RunState`` /
+        ``BranchState``, and tensors through ``run.keep`` (detached, on the run's cache device)."""
         raise NotImplementedError
 
     def computed(self, run: "LoopState", ev: "Evaluation", forward: "Forward",

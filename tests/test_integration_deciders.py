@@ -138,3 +138,23 @@ def test_every_kept_tensor_goes_to_the_cache_device(comfy, name, monkeypatch):
     monkeypatch.setattr(state.LoopState, "to_cache", original)
     on_device, _ = _sample(comfy, chain)
     assert torch.equal(on_cpu, on_device)
+
+
+def test_a_partial_run_is_placed_in_its_schedule_or_says_it_cannot_be(comfy):
+    """denoise 0.5 samples the last 4 steps of an 8-step schedule. Told the schedule (as the Cached Sampler nodes
+    do), the run's steps sit at positions 4..7; not told (Apply Interceptors under another sampler), it counts
+    from its own first step and notes once that MagCache does."""
+    import nodes
+    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    chain = ic.InterceptorChain.of([ic.MagCache(threshold=100.0, retention=0.0, **WINDOW)])
+    positive, negative = tiny_models.conditioning("flux", seed=1)
+    for schedule, first in ((ic.schedule_of(4, denoise=0.5), 4), (None, 0)):
+        runs, positions = [], []
+        patched = adapter.install(tiny_models.build("flux"), chain, schedule=schedule,
+                                  on_run_end=lambda run, summary: runs.append(run),
+                                  on_evaluation=lambda run, ev: positions.append(ev.position))
+        nodes.common_ksampler(patched, 1, 4, 3.0, "euler", "simple", positive, negative,
+                              tiny_models.latent("flux", seed=5), denoise=0.5)
+        assert positions == [first + i for i in range(4)]
+        notes = runs[0].notes
+        assert (len(notes), "MagCache" in "".join(notes)) == ((0, False) if schedule else (1, True)), notes
