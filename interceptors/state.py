@@ -365,7 +365,7 @@ class LoopState:
         self.caches.clear()
         self.branch_states.clear()
         for interceptor in self.chain:
-            if not getattr(interceptor, "keeps_results", False):
+            if not interceptor.keeps_results:
                 self.run_states.pop(interceptor.id, None)
         self.evaluation = None
         self.current_forward = None

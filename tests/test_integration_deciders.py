@@ -62,7 +62,8 @@ def test_second_stage_decides_as_the_same_steps_of_one_stage(comfy):
         inputs = graphs.advanced_inputs(steps=steps, model=f"count_{key}", **kw)
         inputs["interceptors"] = [chain, 0]
         prompt[key] = {"class_type": "CachedSamplerAdvanced", "inputs": inputs}
-        prompt[f"capture_{key}"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": [key, 0], "key": f"latent_{key}"}}
+        prompt[f"capture_{key}"] = {"class_type": "TestCaptureLatent",
+                                    "inputs": {"samples": [key, 0], "key": f"latent_{key}"}}
     _, ui = comfy.run(prompt)
     (one,), (lo,) = _decisions(ui, "one"), _decisions(ui, "lo")
     blocks = sum(tiny_models.block_groups("flux").values())
