@@ -7,6 +7,8 @@ extension points, so a ComfyUI update cannot break a patched forward:
   afterwards (``guider.model_options`` is already a per-run copy, restored by ComfyUI when the run
   ends);
 * ``PREDICT_NOISE`` wrapper: one sampler evaluation (all CFG branches of a step) per call;
+* ``CALC_COND_BATCH`` wrapper (Guidance Cache only): the guider's conds list of one evaluation, of which it
+  may compute the positive entries only;
 * ``APPLY_MODEL`` wrapper: one batched forward, whole-model caching (fires for every model family,
   SD3 included);
 * ``patches_replace["dit"]`` block replacements: block-level caching. A replacement someone else
@@ -22,16 +24,18 @@ and again when each run starts, since either patch can be applied after Apply In
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Callable
 
+import comfy.samplers
 import torch
-
 from comfy.patcher_extension import WrappersMP
 
 from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
                            summarize)
 from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
+from .interceptors.guidance import guided_batch
 
 log = logging.getLogger("cached_sampler")
 
@@ -142,6 +146,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
                         cache_device="cpu" if cache_on_cpu else None, observers=observers)
         run.card = card
+        if guidance is not None:
+            _check_guider(run, guidance, guider)
         options = guider.model_options.setdefault("transformer_options", {})
         options[STATE_KEY] = run
         started = time.perf_counter()
@@ -182,7 +188,19 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         finally:
             run.end_forward(forward, output)
 
+    def calc_cond_batch(executor, model, conds, x_in, timestep, model_options):
+        run = model_options.get("transformer_options", {}).get(STATE_KEY)
+        if run is None:
+            return executor(model, conds, x_in, timestep, model_options)
+        window = model_options["transformer_options"].get("context_window")
+        return guided_batch(run, guidance, conds, x_in, timestep,
+                            lambda subset: executor(model, subset, x_in, timestep, model_options),
+                            window=tuple(window.index_list) if window is not None else None)
+
+    guidance = chain.decider(Granularity.GUIDANCE)
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
+    if guidance is not None:
+        patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch)
     patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, predict_noise)
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)
     decider = chain.decider(Granularity.BLOCKS)
@@ -192,6 +210,19 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
                         modulated)
         block_slots.update({(group, index): position for group, index, position in card.block_positions()})
     return patched
+
+
+def _check_guider(run: LoopState, guidance, guider) -> None:
+    """Guidance Cache knows the standard guider's conds layout (0 positive, 1 negative) only; with any other
+    (DualCFG, PerpNeg) or at cfg 1 (no negative branch at all) it does nothing, and says so."""
+    if type(guider).predict_noise is not comfy.samplers.CFGGuider.predict_noise:
+        run.state_of(guidance).active = False
+        run.note(f"{guidance.label} did nothing: {type(guider).__name__} arranges its conditionings its own way, "
+                 f"so the negative branch cannot be told apart; every branch was computed.")
+    elif math.isclose(float(getattr(guider, "cfg", 1.0)), 1.0) and not guider.model_options.get(
+            "disable_cfg1_optimization", False):
+        run.state_of(guidance).active = False
+        run.note(f"{guidance.label} did nothing: at cfg 1 ComfyUI computes no negative branch to skip.")
 
 
 def _slots_taken(transformer_options: dict, slots: dict) -> bool:
