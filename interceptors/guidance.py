@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MODES = ("cadence", "adaptive")
 # What stands in for the negative prediction on a step that skips it; measured on the digits model (README).
-ESTIMATES = ("difference", "difference forecast", "negative forecast", "negative reuse")
+ESTIMATES = ("difference forecast", "difference", "negative forecast", "negative reuse")
 POSITIVE, NEGATIVE = 0, 1
 
 
@@ -51,7 +51,7 @@ class GuidanceCache(Decider):
     interval: int = 2
     mode: str = "cadence"
     threshold: float = 0.0
-    estimate: str = "difference"
+    estimate: str = "difference forecast"
 
     @dataclasses.dataclass
     class RunState:
@@ -146,9 +146,13 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
     """One ``calc_cond_batch`` call: ``compute(conds)`` runs ComfyUI's batching over the given conds list and
     returns one prediction per entry. Anything but the standard ``[positive, negative]`` call (an extra
     guidance pass, cfg 1, a guider with another layout) is passed through untouched."""
-    state_of_run = run.state_of(gc)
-    if (gc.never_skips or not state_of_run.active or len(conds) != 2 or conds[POSITIVE] is None
-            or conds[NEGATIVE] is None or sigma.numel() != x.shape[0] or bool((sigma == 0).any())):
+    if gc.never_skips or not run.state_of(gc).active:
+        return compute(conds)
+    if len(conds) == 2 and (conds[POSITIVE] is None) != (conds[NEGATIVE] is None):
+        run.note(f"{gc.label} computed every step in full where the positive and the negative branch came in "
+                 f"separate calls (a guidance add-on such as Skip Layer Guidance (Simple) does that).")
+    if (len(conds) != 2 or conds[POSITIVE] is None or conds[NEGATIVE] is None or sigma.numel() != x.shape[0]
+            or bool((sigma == 0).any())):
         return compute(conds)
     ev = run.ensure_evaluation(float(sigma.flatten()[0]))
     record = ev.record
