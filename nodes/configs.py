@@ -168,10 +168,10 @@ GuidanceCacheNode = config_node(
          "Adaptive mode only: predicted relative change of the guidance difference under which the negative "
          "branch is skipped. 0 never skips (bit-identical).")),
      io.Combo.Input("estimate", options=list(guidance_method.ESTIMATES), tooltip=(
-         "What stands in for a skipped negative prediction: difference = this step's positive prediction plus "
-         "the last computed guidance difference (recommended); difference forecast = that difference "
-         "extrapolated in sigma; negative forecast / reuse = the negative prediction itself, extrapolated or "
-         "reused.")),
+         "What stands in for a skipped negative prediction: difference forecast = this step's positive "
+         "prediction plus the guidance difference extrapolated in sigma from the last two computed steps "
+         "(recommended); difference = plus the last computed difference; negative forecast / reuse = the "
+         "negative prediction itself, extrapolated or reused.")),
      *percent_inputs()],
     lambda interval, mode, threshold, estimate, start_percent, end_percent: GuidanceCache(
         interval=interval, mode=mode, threshold=threshold, estimate=estimate, start_percent=start_percent,
