@@ -63,7 +63,7 @@ class GuidanceCache(Decider):
         slot: dict = dataclasses.field(default_factory=dict)   # TaylorSeer points of the estimated quantity
         since: int = 0                  # evaluations the model ran since the negative branch was last computed
         last_sigma: float | None = None
-        difference: torch.Tensor | None = None  # last computed eps(negative) - eps(positive), for the rate
+        difference: torch.Tensor | None = None  # adaptive mode: the last computed eps(negative) - eps(positive)
         rate: float | None = None       # relative change of that difference per unit sigma (adaptive mode)
 
     def validate(self) -> None:
@@ -97,13 +97,18 @@ class GuidanceCache(Decider):
         state = next(iter(signals.values()))
         if not state.slot:
             return True
+        # The tuning plot shows one metric: a step or block cache's, if the chain has one.
+        shown = run.model_decider is None and run.block_decider is None
         if self.mode == "cadence":
-            run.report_metric(self, float(state.since + 1), float(self.interval)) if _sole(run, self) else None
+            if shown:
+                run.report_metric(self, float(state.since + 1), float(self.interval))
             return state.since + 1 >= self.interval
-        predicted = (state.rate or 0.0) * abs(state.last_sigma - ev.sigma) if state.rate is not None else None
-        if predicted is not None and _sole(run, self):
+        if state.rate is None:
+            return True
+        predicted = state.rate * abs(state.last_sigma - ev.sigma)
+        if shown:
             run.report_metric(self, predicted, self.threshold)
-        return predicted is None or predicted >= self.threshold or state.since + 1 >= self.interval
+        return predicted >= self.threshold or state.since + 1 >= self.interval
 
     # -- learning and estimating (epsilon space) ------------------------------------------------------
     def learned(self, run: "LoopState", state: "GuidanceCache.BranchState", positive: torch.Tensor,
@@ -113,11 +118,12 @@ class GuidanceCache(Decider):
         eps_pos, eps_neg = (x - positive) / s, (x - negative) / s
         difference = eps_neg - eps_pos
         now = float(sigma.flatten()[0])
-        if state.difference is not None and state.last_sigma is not None and state.last_sigma != now:
-            previous = state.difference.to(difference)
-            change = float((difference - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12))
-            state.rate = change / abs(state.last_sigma - now)
-        state.difference = _keep(run, difference)
+        if self.mode == "adaptive":
+            if state.difference is not None and state.last_sigma != now:
+                previous = state.difference.to(difference)
+                change = float((difference - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12))
+                state.rate = change / abs(state.last_sigma - now)
+            state.difference = _keep(run, difference)
         value = difference if self._tracks_difference else eps_neg
         self._forecaster.observe(state.slot, _keep(run, value), now)
         state.last_sigma, state.since = now, 0
@@ -129,11 +135,6 @@ class GuidanceCache(Decider):
         value = self._forecaster.estimate(state.slot, float(sigma.flatten()[0])).to(device=x.device, dtype=x.dtype)
         eps_neg = (x - positive) / s + value if self._tracks_difference else value
         return x - eps_neg * s
-
-
-def _sole(run: "LoopState", gc: GuidanceCache) -> bool:
-    """Whether the guidance rule's metric may go on the tuning plot (a step or block decider's takes precedence)."""
-    return run.model_decider is None and run.block_decider is None
 
 
 def _keep(run: "LoopState", value: torch.Tensor) -> torch.Tensor:
