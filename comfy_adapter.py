@@ -28,8 +28,9 @@ import math
 import time
 from typing import Callable
 
-import comfy.samplers
 import torch
+
+import comfy.samplers
 from comfy.patcher_extension import WrappersMP
 
 from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
@@ -131,6 +132,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
     observers = [NaNWatch()]
     block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
+    guidance = chain.decider(Granularity.GUIDANCE)
     if on_evaluation is not None:
         observers.append(_EvaluationHook(on_evaluation))
 
@@ -197,7 +199,6 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
                             lambda subset: executor(model, subset, x_in, timestep, model_options),
                             window=tuple(window.index_list) if window is not None else None)
 
-    guidance = chain.decider(Granularity.GUIDANCE)
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
     if guidance is not None:
         patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch)

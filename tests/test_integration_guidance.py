@@ -82,8 +82,7 @@ def test_interval_one_is_bit_identical_and_interval_two_leaves_negative_rows_out
     assert sum(work["negative_rows"]) < sum(ref_work["negative_rows"])
     assert work["forwards"] == ref_work["forwards"], "every evaluation still runs the positive rows"
     assert "acted: Guidance Cache" in text and "uncond" in text, text
-    # The positive prediction is unaffected by leaving the negative rows out: the result stays near the plain
-    # one (a random tiny model; the trained-model quality is measured by tools/bench_guidance.py).
+    # The estimate was really used (the trained-model quality is measured by tools/bench_guidance.py).
     assert not torch.equal(cached, ref)
 
 

@@ -52,8 +52,8 @@ class BenchCountWork:
     def patch(self, model, key, copy_input=False):
         from comfy.patcher_extension import WrappersMP
 
-        record = {"blocks": 0, "block_rows": 0, "forwards": 0, "evaluations": 0, "runs": 0, "seconds": 0.0, "cpu_seconds": 0.0,
-                  "block_seconds": 0.0, "block_cpu_seconds": 0.0}
+        record = {"blocks": 0, "block_rows": 0, "forwards": 0, "evaluations": 0, "runs": 0, "seconds": 0.0,
+                  "cpu_seconds": 0.0, "block_seconds": 0.0, "block_cpu_seconds": 0.0}
         RECORDS[key] = record
         m = model.clone()
         groups = block_groups(m)
