@@ -303,6 +303,7 @@ class LoopState:
         plots it, an exception's traceback); its cached tensors need not. ``records`` and ``shared`` (run-level
         results such as a calibration's recordings) stay."""
         self.plugin_state.clear()
+        self.branch_states.clear()  # per-branch interceptor state holds tensors too
         self.evaluation = None
         self.current_forward = None
 
