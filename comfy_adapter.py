@@ -7,6 +7,8 @@ extension points, so a ComfyUI update cannot break a patched forward:
   afterwards (``guider.model_options`` is already a per-run copy, restored by ComfyUI when the run
   ends);
 * ``PREDICT_NOISE`` wrapper: one sampler evaluation (all CFG branches of a step) per call;
+* ``CALC_COND_BATCH`` wrapper (Guidance Cache only): the guider's conds list of one evaluation, of which it
+  may compute the positive entries only;
 * ``APPLY_MODEL`` wrapper: one batched forward, whole-model caching (fires for every model family,
   SD3 included);
 * ``patches_replace["dit"]`` block replacements: block-level caching. A replacement someone else
@@ -22,17 +24,20 @@ and again when each run starts, since either patch can be applied after Apply In
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Callable
 
 import torch
 
+import comfy.samplers
 from comfy.patcher_extension import WrappersMP
 
 from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
                            summarize)
 from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
 from .interceptors.state import schedule_of  # noqa: F401  (the sampling nodes place their runs with it)
+from .interceptors.guidance import guided_batch
 
 log = logging.getLogger("cached_sampler")
 
@@ -131,6 +136,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
     observers = [NaNWatch()]
     block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
+    guidance = chain.decider(Granularity.GUIDANCE)
     if on_evaluation is not None:
         observers.append(_EvaluationHook(on_evaluation))
 
@@ -154,6 +160,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
                 run.note(f"this run starts part way into the model's schedule (denoise below 1, or a later stage), "
                          f"which this sampler does not tell Apply Interceptors: {', '.join(counting)} count steps "
                          f"from the run's own first step. A Cached Sampler node places them exactly.")
+        if guidance is not None:
+            _check_guider(run, guidance, guider)
         options = guider.model_options.setdefault("transformer_options", {})
         options[STATE_KEY] = run
         started = time.perf_counter()
@@ -194,7 +202,18 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         finally:
             run.end_forward(forward, output)
 
+    def calc_cond_batch(executor, model, conds, x_in, timestep, model_options):
+        run = model_options.get("transformer_options", {}).get(STATE_KEY)
+        if run is None:
+            return executor(model, conds, x_in, timestep, model_options)
+        window = model_options["transformer_options"].get("context_window")
+        return guided_batch(run, guidance, conds, x_in, timestep,
+                            lambda subset: executor(model, subset, x_in, timestep, model_options),
+                            window=tuple(window.index_list) if window is not None else None)
+
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
+    if guidance is not None:
+        patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch)
     patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, predict_noise)
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)
     decider = chain.decider(Granularity.BLOCKS)
@@ -204,6 +223,19 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
                         modulated)
         block_slots.update({(group, index): position for group, index, position in card.block_positions()})
     return patched
+
+
+def _check_guider(run: LoopState, guidance, guider) -> None:
+    """Guidance Cache knows the standard guider's conds layout (0 positive, 1 negative) only; with any other
+    (DualCFG, PerpNeg) or at cfg 1 (no negative branch at all) it does nothing, and says so."""
+    if type(guider).predict_noise is not comfy.samplers.CFGGuider.predict_noise:
+        run.state_of(guidance).active = False
+        run.note(f"{guidance.label} did nothing: {type(guider).__name__} arranges its conditionings its own way, "
+                 f"so the negative branch cannot be told apart; every branch was computed.")
+    elif math.isclose(float(getattr(guider, "cfg", 1.0)), 1.0) and not guider.model_options.get(
+            "disable_cfg1_optimization", False):
+        run.state_of(guidance).active = False
+        run.note(f"{guidance.label} did nothing: at cfg 1 ComfyUI computes no negative branch to skip.")
 
 
 def _slots_taken(transformer_options: dict, slots: dict) -> bool:

@@ -9,6 +9,7 @@ from .cards import ModelCard, build_card
 from .chain import InterceptorChain
 from .dbcache import DBCache, FirstBlockCache
 from .fixed_cadence import FixedCadence
+from .guidance import GuidanceCache
 from .magcache import MagCache, MagnitudeRecorder, recorded_ratios
 from .observers import NaNWatch
 from .planned import Plan, PlannedSchedule, Recorder, calibrate, latent_psnr, recorded_trajectory
@@ -19,7 +20,7 @@ from .taylorseer import TaylorSeer
 from .teacache import TeaCache
 
 __all__ = [
-    "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "latent_psnr", "recorded_trajectory", "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "Granularity",
+    "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "latent_psnr", "recorded_trajectory", "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "Granularity",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "schedule_of", "summarize",
 ]

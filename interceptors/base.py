@@ -18,10 +18,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Granularity(str, Enum):
-    """Where an interceptor works: around the whole model forward, or inside the block stack."""
+    """Where an interceptor works: around the whole model forward, inside the block stack, or above the model
+    on the guider's conds (which CFG branches a step runs; every model has it)."""
 
     MODEL = "model"
     BLOCKS = "blocks"
+    GUIDANCE = "guidance"
 
 
 class Role(str, Enum):

@@ -85,7 +85,7 @@ class InterceptorChain:
         if len(estimators) > 1:
             raise ChainError(
                 f"{estimators[0].label} and {estimators[1].label} both estimate skipped work. Keep one of them.")
-        if estimators and not by_level:
+        if estimators and not by_level.keys() - {Granularity.GUIDANCE}:  # Guidance Cache estimates on its own
             raise ChainError(
                 f"{estimators[0].label} forecasts skipped work but nothing in the chain skips any: add a caching "
                 f"node (Fixed Cadence, DBCache, First Block Cache, ...) before or after it.")
@@ -94,7 +94,7 @@ class InterceptorChain:
         """Everything that prevents this chain from running on the model the card describes."""
         problems = []
         for ic in self.interceptors:
-            if ic.granularity is not None and ic.granularity not in card.levels:
+            if ic.granularity not in (None, Granularity.GUIDANCE) and ic.granularity not in card.levels:
                 hint = ("Use the Adaptive Cache or Fixed Cadence node instead, which work on every model."
                         if ic.granularity == Granularity.BLOCKS else "")
                 problems.append(
@@ -135,4 +135,5 @@ class InterceptorChain:
 
 
 def _level_words(granularity: Granularity) -> str:
-    return "transformer blocks" if granularity == Granularity.BLOCKS else "whole model steps"
+    return {Granularity.BLOCKS: "transformer blocks", Granularity.GUIDANCE: "CFG branches"}.get(
+        granularity, "whole model steps")

@@ -60,6 +60,10 @@ class EvaluationRecord:
     decided_by: str | None = None
     seconds: float = 0.0
     branches: dict[str, bool] = dataclasses.field(default_factory=dict)  # branch name -> computed
+    # Work by batch rows: one chunk is one conditioning entry's rows (a forward of only the positive rows of a
+    # CFG step is half of one with both). Chunks of forwards that ran / of every forward the plain sampler runs.
+    chunks_computed: int = 0
+    chunks_total: int = 0
 
     @property
     def skipped(self) -> bool:
@@ -256,10 +260,12 @@ class LoopState:
 
     def end_forward(self, forward: Forward, output: torch.Tensor | None) -> None:
         record = forward.evaluation.record
+        record.chunks_total += len(forward.keys)
         if forward.model_skipped:
             record.forwards_skipped += 1
         else:
             record.forwards_computed += 1
+            record.chunks_computed += len(forward.keys)
         for key in forward.keys:
             record.branches[key.name] = record.branches.get(key.name, False) or forward.computed
         if output is not None:

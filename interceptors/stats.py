@@ -20,15 +20,16 @@ class RunSummary:
     acted: tuple[str, ...]                        # interceptors that skipped at least once
     seconds: float
 
-    work_done: float = 0.0                        # model forwards' worth of work really done
+    work_done: float = 0.0                        # batch chunks' worth of model work really done
+    work_total: float = 0.0                       # ... and what the plain sampler would have done
     notes: tuple[str, ...] = ()                   # what the run switched off or could not do
 
     @property
     def work_saved(self) -> float:
-        """Share of model work not done, counting a forward whose middle blocks were skipped by the share of
-        its blocks that ran (embedders and the final layer are not counted: an estimate)."""
-        forwards = self.forwards_computed + self.forwards_skipped
-        return 1.0 - self.work_done / forwards if forwards else 0.0
+        """Share of model work not done, by batch rows (a forward of only the positive rows of a CFG step is
+        half the work), counting a forward whose middle blocks were skipped by the share of its blocks that ran
+        (embedders and the final layer are not counted: an estimate)."""
+        return 1.0 - self.work_done / self.work_total if self.work_total else 0.0
 
     @property
     def estimated_speedup(self) -> float:
@@ -65,6 +66,7 @@ def summarize(run: LoopState, seconds: float = 0.0) -> RunSummary:
         acted=acted,
         seconds=seconds,
         notes=tuple(run.notes),
-        work_done=sum(r.forwards_computed * (r.blocks_run / r.blocks_total if r.blocks_total else 1.0)
+        work_done=sum(r.chunks_computed * (r.blocks_run / r.blocks_total if r.blocks_total else 1.0)
                       for r in run.records),
+        work_total=sum(r.chunks_total for r in run.records),
     )

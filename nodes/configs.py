@@ -12,7 +12,9 @@ from typing import Callable
 
 from comfy_api.latest import io
 
-from ..interceptors import AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, Interceptor, MagCache, TaylorSeer, TeaCache
+from ..interceptors import (AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, GuidanceCache, Interceptor, MagCache,
+                            TaylorSeer, TeaCache)
+from ..interceptors import guidance as guidance_method
 from ..interceptors import magcache as magcache_method
 from ..interceptors import teacache as teacache_method
 from .common import CONFIG_CATEGORY, PREFIX, chain_input, chain_output, extend, node_label, percent_inputs
@@ -149,5 +151,31 @@ MagCacheNode = config_node(
      *percent_inputs()],
     _magcache)
 
+GuidanceCacheNode = config_node(
+    "GuidanceCache", "Guidance Cache",
+    "Computes the negative (unconditional) CFG branch only on some steps and estimates it on the others from "
+    "the positive one, so those steps cost half (FasterCache's CFG-Cache, arXiv 2410.19355; Adaptive Guidance, "
+    "arXiv 2312.12487). Works on every model; chain it with one step or block cache and TaylorSeer Forecast. "
+    "At cfg 1 there is no negative branch: it does nothing and says so. Guiders with their own layout (DualCFG, "
+    "PerpNeg) are left alone, with a note.",
+    [io.Int.Input("interval", default=2, min=1, max=100, tooltip=(
+        "Compute the negative branch on every N-th step the model runs (steps a chained step cache skips do not "
+        "count); 1 always computes it (bit-identical to no Guidance Cache). In adaptive mode: the longest gap.")),
+     io.Combo.Input("mode", options=list(guidance_method.MODES), tooltip=(
+         "cadence: every N-th step. adaptive: skip while the predicted change of the guidance difference "
+         "(negative minus positive prediction) since it was last computed stays under the threshold.")),
+     io.Float.Input("threshold", default=0.0, min=0.0, max=10.0, step=0.005, tooltip=(
+         "Adaptive mode only: predicted relative change of the guidance difference under which the negative "
+         "branch is skipped. 0 never skips (bit-identical).")),
+     io.Combo.Input("estimate", options=list(guidance_method.ESTIMATES), tooltip=(
+         "What stands in for a skipped negative prediction: difference forecast = this step's positive "
+         "prediction plus the guidance difference extrapolated in sigma from the last two computed steps "
+         "(recommended); difference = plus the last computed difference; negative forecast / reuse = the "
+         "negative prediction itself, extrapolated or reused.")),
+     *percent_inputs()],
+    lambda interval, mode, threshold, estimate, start_percent, end_percent: GuidanceCache(
+        interval=interval, mode=mode, threshold=threshold, estimate=estimate, start_percent=start_percent,
+        end_percent=end_percent))
+
 CONFIG_NODES = [FixedCadenceNode, DBCacheNode, FirstBlockCacheNode, TaylorSeerNode, AdaptiveCacheNode, TeaCacheNode,
-                MagCacheNode]
+                MagCacheNode, GuidanceCacheNode]

@@ -52,16 +52,20 @@ def _fmt(value: float, step: float) -> str:
 
 
 def _work_saved(records: Sequence) -> float:
-    """Share of model work not done: the same estimate as the run summary (forwards whose middle blocks
-    were skipped count by the share of their blocks that ran). Without counters: share of evaluations."""
-    forwards = sum(getattr(r, "forwards_computed", 0) + getattr(r, "forwards_skipped", 0) for r in records)
-    if not forwards:
+    """Share of model work not done: the same estimate as the run summary (by batch rows where the records
+    count them, else by forwards; forwards whose middle blocks were skipped count by the share of their
+    blocks that ran). Without counters: share of evaluations."""
+    by_rows = any(getattr(r, "chunks_total", 0) for r in records)
+    done_name, total_names = (("chunks_computed", ("chunks_total",)) if by_rows else
+                              ("forwards_computed", ("forwards_computed", "forwards_skipped")))
+    whole = sum(getattr(r, name, 0) for r in records for name in total_names)
+    if not whole:
         return sum(1 for r in records if r.skipped) / len(records) if records else 0.0
     done = 0.0
     for r in records:
         run, total = getattr(r, "blocks_run", 0), getattr(r, "blocks_total", 0)
-        done += getattr(r, "forwards_computed", 0) * (run / total if total else 1.0)
-    return 1.0 - done / forwards
+        done += getattr(r, done_name, 0) * (run / total if total else 1.0)
+    return 1.0 - done / whole
 
 
 def headline(records: Sequence) -> str:
@@ -221,6 +225,17 @@ def render(records: Sequence, heading: str | None = None, metric_name: str = "ch
     label = "decision"
     w, h = _text_size(draw, label, f_tick)
     draw.text((left - 8 - w, sy + (strip_h - h) / 2 - 2), label, fill=MUTED, font=f_tick)
+    # Guidance Cache: which evaluations computed the negative (uncond) branch, a thin strip under the first
+    negative = [getattr(r, "branches", {}).get("uncond") for r in records]
+    if False in negative:
+        uy = sy + strip_h + 2
+        for i, computed in enumerate(negative):
+            if computed is not None:
+                draw.rectangle([left + i * cell + gap, uy, left + (i + 1) * cell - gap, uy + strip_h // 2],
+                               fill=COMPUTED if computed else SKIPPED)
+        w, h = _text_size(draw, "uncond", f_tick)
+        draw.text((left - 8 - w, uy + (strip_h // 2 - h) / 2 - 2), "uncond", fill=MUTED, font=f_tick)
+        sy += strip_h // 2 + 2
 
     xlabel = "sampling step" if one_per_step else "sampling step (several model evaluations per step)"
     w, h = _text_size(draw, xlabel, f_label)

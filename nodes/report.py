@@ -22,6 +22,7 @@ METRIC_NAMES = {
     "adaptive": "accumulated predicted change",
     "teacache": "accumulated rescaled change",
     "magcache": "accumulated error",
+    "guidance_cache": "guidance: steps / predicted change",
 }
 DEFAULT_METRIC = "change metric"
 
@@ -76,7 +77,9 @@ class RunReport:
 
     @property
     def metric_name(self) -> str:
-        kinds = {d.kind for d in self.chain.deciders}
+        # Guidance Cache reports its metric only when no step or block cache does
+        kinds = {d.kind for d in self.chain.deciders if d.kind != "guidance_cache"} or {
+            d.kind for d in self.chain.deciders}
         names = {METRIC_NAMES.get(k, DEFAULT_METRIC) for k in kinds}
         return names.pop() if len(names) == 1 else DEFAULT_METRIC
 

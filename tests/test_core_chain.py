@@ -130,3 +130,48 @@ def test_a_note_is_said_once_and_reaches_the_summary(caplog):
         run.note("block caching switched off: another patch serves the block slots")
     assert len(caplog.records) == 1
     assert ic.summarize(run).notes == ("block caching switched off: another patch serves the block slots",)
+
+
+def test_guidance_cache_has_its_own_level():
+    """One step or block decider, TaylorSeer and the Guidance Cache compose; TaylorSeer still needs a step or block
+    decider to forecast for (the Guidance Cache estimates on its own)."""
+    gc = ic.GuidanceCache(interval=2, node="Guidance Cache (node 5)")
+    ic.InterceptorChain.of([ic.FixedCadence(interval=3), ic.TaylorSeer(order=1), gc])
+    ic.InterceptorChain.of([ic.FirstBlockCache(threshold=0.1), gc])
+    with pytest.raises(ic.ChainError, match="nothing in the chain skips"):
+        ic.InterceptorChain.of([gc, ic.TaylorSeer(order=1)])
+    with pytest.raises(ic.ChainError, match="node 5"):
+        ic.InterceptorChain.of([gc, ic.GuidanceCache(interval=3, node="Guidance Cache (node 6)")])
+    with pytest.raises(ic.InterceptorError, match="estimate"):
+        ic.InterceptorChain.of([ic.GuidanceCache(estimate="nonsense")])
+    assert ic.GuidanceCache(interval=1).never_skips and ic.GuidanceCache(mode="adaptive", interval=9).never_skips
+    assert not ic.GuidanceCache(interval=2).never_skips
+
+
+def test_guidance_estimates_from_the_positive_prediction_and_the_forecast_difference():
+    """With a guidance difference that is linear in sigma, the forecast recovers the negative prediction exactly."""
+    import torch
+    gc = ic.GuidanceCache(interval=3)
+    run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.5, 0.0])
+    state = run.branch_of(gc, ic.BranchKey(1, None, 0, (2, 4), "float32"))
+    x = torch.randn(2, 4)
+    positive = torch.randn(2, 4)
+
+    def negative_at(s):
+        eps_pos = (x - positive) / s
+        return x - (eps_pos + (0.3 + 2.0 * s)) * s  # guidance difference 0.3 + 2 sigma
+
+    for s in (1.0, 0.8):
+        gc.learned(run, state, positive, negative_at(s), x, torch.full((2,), s))
+    estimate = gc.estimated(state, positive, x, torch.full((2,), 0.5))
+    assert torch.allclose(estimate, negative_at(0.5), atol=1e-5)
+
+
+def test_released_run_keeps_no_branch_tensors():
+    import torch
+    gc = ic.GuidanceCache(interval=2)
+    run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.0])
+    state = run.branch_of(gc, ic.BranchKey(1, None, 0, (1, 2), "float32"))
+    gc.learned(run, state, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), torch.ones(1))
+    run.release_caches()
+    assert not run.branch_states

@@ -99,3 +99,22 @@ def test_any_length_and_metrics_without_threshold(n):
 def test_all_zero_metrics_do_not_break_the_axis():
     r = [Record(i, 0.0, 0.0, False) for i in range(5)]
     assert torch.isfinite(plot.tuning_plot(r)).all()
+
+
+def test_guidance_cache_strip_shows_which_steps_computed_the_negative_branch():
+    @dataclasses.dataclass
+    class Guided(Record):
+        branches: dict = dataclasses.field(default_factory=dict)
+        chunks_computed: int = 2
+        chunks_total: int = 2
+
+    def run(skip_negative):
+        return [Guided(i, None, None, False, {"cond": True, "uncond": not (skip_negative and i % 2)},
+                       chunks_computed=1 if skip_negative and i % 2 else 2) for i in range(10)]
+
+    def orange(image):
+        return int((image[0] == torch.tensor(plot.SKIPPED) / 255.0).all(-1).sum())
+
+    plain, guided = plot.tuning_plot(run(False)), plot.tuning_plot(run(True))
+    assert orange(guided) > orange(plain)  # the legend has an orange box in both
+    assert "~25% model work saved" in plot.headline(run(True))

@@ -97,12 +97,17 @@ class CountModelWork:
 
     def patch(self, model, family, key):
         import comfy.patcher_extension
-        counts = CAPTURED.setdefault(key, {"forwards": 0, "blocks": 0})
-        counts["forwards"] = counts["blocks"] = 0
+        counts = CAPTURED.setdefault(key, {"forwards": 0, "blocks": 0, "rows": 0, "negative_rows": []})
+        counts["forwards"] = counts["blocks"] = counts["rows"] = 0
+        counts["negative_rows"] = []  # per forward: how many of its batch rows were the negative branch's
         m = model.clone()
 
         def count_forward(executor, *args, **kwargs):
             counts["forwards"] += 1
+            counts["rows"] += args[0].shape[0]
+            options = _transformer_options(args, kwargs)
+            branches = options.get("cond_or_uncond") or [0]
+            counts["negative_rows"].append(args[0].shape[0] // len(branches) * branches.count(1))
             return executor(*args, **kwargs)
 
         def count_block(args, extra):

@@ -52,8 +52,8 @@ class BenchCountWork:
     def patch(self, model, key, copy_input=False):
         from comfy.patcher_extension import WrappersMP
 
-        record = {"blocks": 0, "forwards": 0, "evaluations": 0, "runs": 0, "seconds": 0.0, "cpu_seconds": 0.0,
-                  "block_seconds": 0.0, "block_cpu_seconds": 0.0}
+        record = {"blocks": 0, "block_rows": 0, "forwards": 0, "evaluations": 0, "runs": 0, "seconds": 0.0,
+                  "cpu_seconds": 0.0, "block_seconds": 0.0, "block_cpu_seconds": 0.0}
         RECORDS[key] = record
         m = model.clone()
         groups = block_groups(m)
@@ -75,6 +75,7 @@ class BenchCountWork:
         def counter(is_first):
             def count_block(args, extra):
                 record["blocks"] += 1
+                record["block_rows"] += args["img"].shape[0]  # the work metric: block executions x batch rows
                 if is_first:
                     record["forwards"] += 1
                 started, cpu_started = time.perf_counter(), time.process_time()
