@@ -171,7 +171,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
         forward = run.begin_forward(float(t.flatten()[0]), x.shape[0], tuple(x.shape[1:]), x.dtype,
                                     transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
-        forward.track_external = control is not None or "Vace" in card.name
+        forward.track_external = adds_between_blocks(card, control, transformer_options, kw)
         if block_slots and _slots_taken(transformer_options, block_slots):
             forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
         output = None
@@ -192,6 +192,20 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
                         modulated)
         block_slots.update({(group, index): position for group, index, position in card.block_positions()})
     return patched
+
+
+def adds_between_blocks(card: ModelCard, control, transformer_options: dict, inputs: dict) -> bool:
+    """Whether something in this forward may add to the stream between blocks, so the block cache must measure
+    it and keep it out of the cached residuals: ControlNet residuals (``control``), any patch in
+    ``transformer_options["patches"]`` (Qwen-Image calls its ``double_block`` patches after every block: the
+    DiffSynth / model-patch ControlNets), or an input the model card names (VACE hints, S2V audio, Animate
+    face motion). Any patch counts, known or not: measuring costs a copy of the stream per block, a small price
+    against counting an addition twice on every skipped step."""
+    if control is not None:
+        return True
+    if any(transformer_options.get("patches", {}).values()):
+        return True
+    return any(inputs.get(name) is not None for name in card.injecting_inputs)
 
 
 def _slots_taken(transformer_options: dict, slots: dict) -> bool:

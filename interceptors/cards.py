@@ -34,6 +34,10 @@ class FamilySpec:
     teacache: str | None = None      # key into the TeaCache coefficient table
     magcache: str | None = None      # key into the MagCache ratio table
     defaults: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    # Model inputs whose presence makes the forward add to the image stream between blocks, besides what any
+    # family can get that way (ControlNet's ``control``, patches in transformer_options): VACE hints, S2V's
+    # audio injector, Animate's face adapter.
+    injecting_inputs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,7 @@ class ModelCard:
     teacache: str | None = None
     magcache: str | None = None
     defaults: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    injecting_inputs: tuple[str, ...] = ()
 
     @property
     def total_blocks(self) -> int:
@@ -93,11 +98,14 @@ FAMILIES: dict[str, FamilySpec] = {
                                               None, VIDEO_DEFAULTS),
     "WAN21": FamilySpec("wan", _dit("blocks", double_out=("img",)), "wan2.1_t2v_1.3B", "wan2.1_t2v_1.3B", VIDEO_DEFAULTS),
     "WAN22": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN21_Vace": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "WAN21_Vace": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS,
+                             injecting_inputs=("vace_context",)),
     "WAN21_Camera": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
     "WAN21_HuMo": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN22_S2V": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
-    "WAN22_Animate": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS),
+    "WAN22_S2V": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS,
+                            injecting_inputs=("audio_embed",)),
+    "WAN22_Animate": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None, VIDEO_DEFAULTS,
+                                injecting_inputs=("face_pixel_values",)),
     "QwenImage": FamilySpec("qwen_image", _dit("transformer_blocks"), None, None, FLUX_DEFAULTS),
     "SD3": FamilySpec("sd3", _dit("joint_blocks"), None, None, FLUX_DEFAULTS),
     "LTXV": FamilySpec("ltxv", _dit("transformer_blocks", double_out=("img",)), "ltxv", None, VIDEO_DEFAULTS),
@@ -146,4 +154,4 @@ def build_card(model_class: str | tuple[str, ...], config_class: str = "", sampl
     if groups and block_hooks:
         levels.add(Granularity.BLOCKS)
     return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache,
-                     spec.defaults)
+                     spec.defaults, spec.injecting_inputs)

@@ -9,10 +9,14 @@ on every model ComfyUI can sample.
 
 Block caches store the residual of each skippable segment (a run of blocks of one kind), measured
 from a clone of the segment's input, because some models (Flux) add block outputs in place into the
-tensors they pass around. What the model itself adds between blocks (ControlNet residuals, VACE hints)
-is tracked when present and left out of the residual. On a skipped step the segment's blocks pass the
-stream through, the model keeps adding this step's additions to it, and the last block adds the
-cached residual: every addition is counted once, and none is stale.
+tensors they pass around. What the model itself adds to the stream between blocks is measured, and left
+out of the residual, in every forward the adapter marks with ``Forward.track_external``: one in which
+something can add there (ControlNet residuals, a patch in transformer_options, an input the model card
+names, such as VACE hints or Wan S2V's audio). On a skipped step the segment's blocks pass the stream
+through, the model keeps adding this step's additions to it (computed on the passed-through stream), and
+the last block adds the cached residual: each such addition is counted once, and none is stale. An
+addition made outside ComfyUI's hooks, which the adapter cannot see, would stay inside the residual and be
+counted twice on skipped steps.
 """
 from __future__ import annotations
 
@@ -140,8 +144,8 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
             forward.computed = False
 
     if forward.skip_blocks:
-        # Pass the stream through; the model keeps adding what it adds between blocks (ControlNet, VACE) to
-        # it, and the segment's last block adds the cached residual, which excludes those additions.
+        # Pass the stream through; the model keeps adding what it adds between blocks (ControlNet, patches,
+        # VACE, audio) to it, and the segment's last block adds the cached residual, which excludes them.
         if position != last:
             return {k: args[k] for k in out_keys}
         result = {}

@@ -143,6 +143,56 @@ def test_controlnet_with_skipping_stays_finite_and_keeps_the_control(comfy, chai
     assert (cached - exact).norm() < 1.5 * (cached_plain - exact_plain).norm()
 
 
+# ------------------------------------------------------- other additions between blocks --
+
+def injecting_model(family):
+    """The tiny ``family`` with pass-through blocks after the probe block, and with what makes it add to the
+    stream between blocks: ComfyUI's DiffSynth ControlNet patch on Qwen-Image, the audio conditioning (which
+    the tiny conditioning always carries) on Wan S2V."""
+    def patch(prompt, model):
+        prompt[model] = {"class_type": "TestTinyModelIdentityBlocks",
+                         "inputs": {"family": family, "seed": 0, "identity_from": 1}}
+        if family != "qwen_image":
+            return model
+        prompt["hint"] = {"class_type": "TestHintImage", "inputs": {"size": 128, "seed": 2}}
+        prompt["diffsynth"] = {"class_type": "TestTinyQwenDiffsynthControlNet", "inputs": {
+            "model": [model, 0], "image": ["hint", 0], "strength": 1.0, "seed": 13}}
+        return "diffsynth"
+    return patch
+
+
+def counted(family, patch):
+    def with_counter(prompt, model):
+        prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": [patch(prompt, model), 0],
+                                                                         "family": family, "key": "work"}}
+        return "count"
+    return with_counter
+
+
+@pytest.mark.parametrize("family", ["qwen_image", "wan22_s2v"])
+def test_an_addition_between_blocks_is_counted_once_on_skipped_steps(comfy, family):
+    """Blocks 1-2 pass their input through exactly, so the only thing in DBCache's skipped span is what the
+    model adds after block 1 (the ControlNet patch, the audio injector): a cache that counts it once gives
+    the uncached result on every skipped step, while one that also replays it inside the cached residual
+    adds it twice."""
+    exact, _ = sampled(comfy, sampler="KSampler", model_patch=injecting_model(family), family=family)
+    cached, ui = sampled(comfy, model_patch=counted(family, injecting_model(family)), family=family,
+                         chain=lambda p: dbcache(p, threshold=100.0))
+    work = CAPTURED["work"]
+    assert work["forwards"] == STEPS and work["blocks"] < STEPS * 3, work  # steps were really skipped
+    assert torch.allclose(cached, exact, rtol=0, atol=1e-4), (cached - exact).abs().max()
+    # the addition is there and matters: the same model without it ends elsewhere
+    plain = graphs.base(family)
+    plain["model"] = {"class_type": "TestTinyModelIdentityBlocks", "inputs": {"family": family, "seed": 0,
+                                                                              "identity_from": 1}}
+    if family == "wan22_s2v":
+        plain["cond"] = {"class_type": "TestTinyConditioningWithout", "inputs": {"family": family,
+                                                                                "drop": "audio_embed"}}
+    graphs.sampler(plain, "KSampler", steps=STEPS)
+    without, _ = run(comfy, plain)
+    assert (exact - without).abs().max() > 0.1
+
+
 # ------------------------------------------------------------------------------- torch.compile --
 
 def test_every_interceptor_declares_compile_safety_and_block_level_ones_are_refused_on_compiled_models(comfy):
