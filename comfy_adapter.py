@@ -149,6 +149,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             return executor(*args, **kwargs)
         finally:
             options.pop(STATE_KEY, None)
+            _note_slots_taken(run)
             summary = summarize(run, time.perf_counter() - started)
             log.info("Cached Sampler: %s", summary.text())
             if on_run_end is not None:
@@ -174,6 +175,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         forward.track_external = adds_between_blocks(card, control, transformer_options, kw)
         if block_slots and _slots_taken(transformer_options, block_slots):
             forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
+            run.foreign_slot_forwards += 1
         output = None
         try:
             output = model_forward(run, forward, x, t, lambda: executor(
@@ -206,6 +208,16 @@ def adds_between_blocks(card: ModelCard, control, transformer_options: dict, inp
     if any(transformer_options.get("patches", {}).values()):
         return True
     return any(inputs.get(name) is not None for name in card.injecting_inputs)
+
+
+def _note_slots_taken(run: LoopState) -> None:
+    """One forward per step with foreign block slots is Skip Layer Guidance's extra pass, and expected; a run in
+    which every forward had them never cached a block, which must not pass silently."""
+    forwards = sum(r.forwards_computed + r.forwards_skipped for r in run.records)
+    if forwards and run.foreign_slot_forwards == forwards:
+        run.note("another patch replaced the pack's transformer-block slots in every forward, so no block was ever "
+                 "cached (a block-replacing node applied after Apply Interceptors?): apply that node before the "
+                 "caching, where the pack chains to it")
 
 
 def _slots_taken(transformer_options: dict, slots: dict) -> bool:

@@ -43,7 +43,11 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
                   compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Run (or skip) one whole-model forward. ``compute`` runs the real model and returns denoised."""
     decider = run.model_decider
-    if decider is None or not forward.cacheable or sigma.numel() != x.shape[0] or bool((sigma == 0).any()):
+    if decider is None or not forward.cacheable or bool((sigma == 0).any()):
+        return compute()
+    if sigma.numel() != x.shape[0]:
+        run.note(f"the model was called with {sigma.numel()} noise levels for {x.shape[0]} batch rows, which the "
+                 f"whole-model cache cannot split by row, so such forwards were computed in full")
         return compute()
     ev = forward.evaluation
     parts = forward.split(x)
@@ -176,11 +180,12 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     added = forward.external.pop(segment, {})
     for k, before in inputs.items():
         after = out.get(k)
-        if after is None or after.shape != before.shape:
-            continue
-        residual = after - before - added[k] if k in added else after - before
-        parts = forward.split(residual)
+        parts = None
+        if after is not None and after.shape == before.shape:
+            parts = forward.split(after - before - added[k] if k in added else after - before)
         if parts is None:
+            run.note(f"the '{k}' stream changed shape inside a span of blocks the cache would skip, so its residual "
+                     f"could not be cached and those blocks always ran")
             continue
         for key, value in parts.items():
             run.store(key, f"{segment}.{k}", value, ev.sigma)

@@ -345,6 +345,30 @@ def test_skip_layer_guidance_passes_are_computed_in_full_while_normal_passes_are
     assert all(f["blocks"] == FLUX_BLOCKS - skipped_layers for f in slg_passes), slg_passes
     assert any(f["blocks"] < FLUX_BLOCKS for f in normal), "the normal passes were cached"
     assert torch.isfinite(out).all() and computed_fraction(ui)[0] < STEPS
+    assert notes(ui) == [], "an extra pass per step is expected, not a switch-off"
+
+
+def notes(ui, node="sampler") -> list[str]:
+    return [n for run in ui[node]["cached_sampler"][0]["runs"] for n in run["notes"]]
+
+
+def test_a_patch_that_takes_the_block_slots_of_every_forward_is_noted(comfy, caplog):
+    """A block replacement registered after Apply Interceptors serves one of the pack's slots in every forward:
+    no forward can be block-cached. Every block runs, and the run says so once in the log."""
+    prompt = graphs.base("flux")
+    prompt["log"] = {"class_type": "TestBlockLog", "inputs": {"model": ["model", 0], "family": "flux",
+                                                             "key": "blocklog"}}
+    prompt["applied"] = {"class_type": "CachedSamplerApplyInterceptors",
+                         "inputs": {"model": ["log", 0], "interceptors": [dbcache(prompt), 0]}}
+    prompt["replace"] = {"class_type": "TestBlockReplace", "inputs": {
+        "model": ["applied", 0], "group": "double_block", "index": 1, "mode": "scale", "factor": 0.5}}
+    graphs.sampler(prompt, "KSampler", model="replace", steps=STEPS)
+    with caplog.at_level("WARNING", logger="cached_sampler"):
+        run(comfy, prompt)
+    # the replaced slot's counter went with the pack's replacement: the other three blocks ran in every forward
+    assert [f["blocks"] for f in CAPTURED["blocklog"]] == [FLUX_BLOCKS - 1] * STEPS
+    said = [r.getMessage() for r in caplog.records if "no block was ever cached" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize("mode,group,index", [("scale", "double_block", 1), ("skip", "double_block", 1),
