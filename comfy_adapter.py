@@ -1,7 +1,11 @@
 """Maps ComfyUI's official sampling hooks onto an :class:`InterceptorChain`.
 
-The only module besides ``nodes/`` that imports ComfyUI. It uses nothing but ComfyUI's public
-extension points, so a ComfyUI update cannot break a patched forward:
+The only module besides ``nodes/`` that imports ComfyUI. Everything it changes goes through ComfyUI's
+public extension points, and the model's own code computes every forward and every block that runs.
+One thing reads ComfyUI internals: TeaCache's signal is computed from the first block's modulation
+modules (``MODULATION_MODULES``), which a ComfyUI update or another model class may rename; they are
+probed when the chain is installed, and a model without them is refused before anything is sampled.
+The hooks:
 
 * ``OUTER_SAMPLE`` wrapper: creates a fresh :class:`LoopState` for every sampling run and drops it
   afterwards (``guider.model_options`` is already a per-run copy, restored by ComfyUI when the run
@@ -123,6 +127,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     problems = conflicts(chain, model.model_options, model.wrappers)
     if problems:
         raise ChainError("\n".join(problems))
+    decider = chain.decider(Granularity.BLOCKS)
+    modulated = _modulated_input(card, model, decider) if decider and decider.signal == "modulated_input" else None
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
     observers = [NaNWatch()]
@@ -187,9 +193,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
     patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, predict_noise)
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)
-    decider = chain.decider(Granularity.BLOCKS)
     if decider is not None:
-        modulated = _modulated_input(card, patched) if decider.signal == "modulated_input" else None
         _install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()),
                         modulated)
         block_slots.update({(group, index): position for group, index, position in card.block_positions()})
@@ -240,10 +244,26 @@ class _EvaluationHook:
         self.fn(run, ev)
 
 
-def _modulated_input(card: ModelCard, model):
+# The modules of block 0 each family's modulated input is computed from (ComfyUI internals, not an extension
+# point: probed when a chain is installed, so a model laid out differently is refused before sampling).
+MODULATION_MODULES = {"flux": ("img_mod", "img_norm1"), "chroma": ("img_mod", "img_norm1"),
+                      "hunyuan_video": ("img_mod", "img_norm1"), "ltxv": ("scale_shift_table",)}
+
+
+def _modulated_input(card: ModelCard, model, decider):
     """TeaCache's signal for this family: block 0's timestep-modulated input, computed from the block's own
     modules on the arguments the model hands the block (before the block runs and changes them)."""
     first = getattr(model.model.diffusion_model, card.groups[0].attribute)[0]
+    needed = MODULATION_MODULES.get(card.family, ())
+    if not getattr(first, "modulation", True):
+        needed = tuple(n for n in needed if n != "img_mod")  # Chroma's blocks take their modulation as an argument
+    missing = [name for name in needed if not hasattr(first, name)]
+    if missing:
+        raise ChainError(
+            f"{decider.label} ({decider.display_name}) computes its signal from the first block's "
+            f"{', '.join(missing)}, which the first block of {card.name} ({type(first).__name__}) does not have "
+            f"(a model class laid out differently, or a ComfyUI version that renamed them). Use the Adaptive "
+            f"Cache or DBCache node instead, which only use ComfyUI's hooks.")
     if card.family in ("flux", "chroma", "hunyuan_video"):
         from comfy.ldm.flux.layers import apply_mod
 

@@ -541,6 +541,26 @@ class TinyConditioningWithout:
         return tuple([[c[0], {k: v for k, v in c[1].items() if k != drop}] for c in cond] for cond in pair)
 
 
+class TinyModelWithout:
+    """The tiny model of a family with one module of its first transformer block removed: a model laid out
+    differently from what ComfyUI v0.8.0's block classes have."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": (list(tiny_models.FAMILIES),), "module": ("STRING", {"default": "img_mod"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    def load(self, family, module):
+        import torch
+        model = tiny_models.build(family)
+        blocks = next(c for c in model.model.diffusion_model.children() if isinstance(c, torch.nn.ModuleList))
+        delattr(blocks[0], module)
+        return (model,)
+
+
 class _LatentVAE:
     """Stands in for the VAE a DiffSynth ControlNet encodes its hint with: a fixed seeded map from 8x8 pixel
     patches to the 16 Wan 2.1 latent channels Qwen-Image uses (the encoder itself plays no part here)."""
@@ -611,4 +631,5 @@ TEST_NODES.update({
     "TestTorchCompileBackend": TorchCompileBackend, "TestTinyFluxControlNet": TinyFluxControlNet,
     "TestHintImage": HintImage, "TestAnyOutput": AnyOutput, "TestTinyModelIdentityBlocks": TinyModelIdentityBlocks,
     "TestTinyQwenDiffsynthControlNet": TinyQwenDiffsynthControlNet, "TestTinyConditioningWithout": TinyConditioningWithout,
+    "TestTinyModelWithout": TinyModelWithout,
 })
