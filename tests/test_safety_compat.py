@@ -4,6 +4,7 @@ pack's), and ComfyUI's own EasyCache/LazyCache."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 import pytest
@@ -181,6 +182,7 @@ def test_an_addition_between_blocks_is_counted_once_on_skipped_steps(comfy, fami
     work = CAPTURED["work"]
     assert work["forwards"] == STEPS and work["blocks"] < STEPS * 3, work  # steps were really skipped
     assert torch.allclose(cached, exact, rtol=0, atol=1e-4), (cached - exact).abs().max()
+    assert notes(ui) == []
     # the addition is there and matters: the same model without it ends elsewhere
     plain = graphs.base(family)
     plain["model"] = {"class_type": "TestTinyModelIdentityBlocks", "inputs": {"family": family, "seed": 0,
@@ -195,22 +197,32 @@ def test_an_addition_between_blocks_is_counted_once_on_skipped_steps(comfy, fami
 
 # ------------------------------------------------------------------------------- torch.compile --
 
-def test_every_interceptor_declares_compile_safety_and_block_level_ones_are_refused_on_compiled_models(comfy):
+def test_on_a_compiled_model_exactly_the_block_level_and_compile_unsafe_interceptors_are_refused(comfy):
+    """Every interceptor the pack ships, alone (an estimator behind Fixed Cadence), plus one that declares
+    itself unsafe to compile: the compile check refuses exactly those working inside the blocks or declaring
+    ``compile_safe = False``, naming their node, and lets every other one through."""
     ic = comfy.module("interceptors")
+
+    @dataclasses.dataclass(frozen=True)
+    class CompileUnsafe(ic.FixedCadence):
+        kind = "compile_unsafe"
+        compile_safe = False
+
     classes = [obj for obj in vars(ic).values() if isinstance(obj, type) and issubclass(obj, ic.Interceptor)
-               and obj not in (ic.Interceptor, ic.Decider, ic.Estimator)]
-    assert len(classes) >= 6
+               and obj not in (ic.Interceptor, ic.Decider, ic.Estimator)] + [CompileUnsafe]
+    needs = {ic.PlannedSchedule: dict(compute=(0,), evaluations=1, steps=1)}  # an empty plan is refused
+    refused = set()
     for cls in classes:
-        assert isinstance(cls.compile_safe, bool), cls
-    model_level = ic.InterceptorChain.of([ic.FixedCadence(interval=2), ic.TaylorSeer(order=1)])
-    assert model_level.compile_problems("TorchCompileModel") == []
-    assert ic.InterceptorChain.of([ic.AdaptiveCache()]).compile_problems("TorchCompileModel") == []
-    block_level = [cls for cls in classes if getattr(cls, "granularity", None) == ic.Granularity.BLOCKS]
-    assert {ic.DBCache, ic.FirstBlockCache} <= set(block_level)
-    for cls in block_level:
-        chain = ic.InterceptorChain.of([cls().with_node("X (node 9)")])
+        item = cls(**needs.get(cls, {})).with_node("X (node 9)")
+        chain = ic.InterceptorChain.of([ic.FixedCadence(), item] if item.role == ic.Role.ESTIMATOR else [item])
         problems = chain.compile_problems("TorchCompileModel")
-        assert problems and "X (node 9)" in problems[0] and "TorchCompileModel" in problems[0], cls
+        if problems:
+            refused.add(cls)
+            assert "X (node 9)" in problems[0] and "TorchCompileModel" in problems[0], cls
+    must_refuse = {cls for cls in classes if cls.granularity == ic.Granularity.BLOCKS or not cls.compile_safe}
+    assert refused == must_refuse
+    assert {ic.DBCache, ic.FirstBlockCache, ic.TeaCache, ic.MagCache, CompileUnsafe} <= refused
+    assert {ic.FixedCadence, ic.AdaptiveCache, ic.TaylorSeer, ic.ReuseLast}.isdisjoint(refused)
 
 
 def compile_node(backend):
