@@ -15,7 +15,8 @@ The hooks:
   SD3 included);
 * ``patches_replace["dit"]`` block replacements: block-level caching. A replacement someone else
   registered earlier is chained to, never overwritten; a forward in which another patch replaced the pack's
-  block slots for that one call (Skip Layer Guidance's extra pass) is computed in full and never cached.
+  block slots for that one call (Skip Layer Guidance's extra pass) is computed in full and never cached, and
+  a run in which that happened to every forward says so in a note.
 
 A chain is refused, before anything is sampled, where it could not be right: on a model that ComfyUI's
 EasyCache/LazyCache already caches, and, for interceptors that work inside the transformer blocks, on a
@@ -255,8 +256,8 @@ def _modulated_input(card: ModelCard, model, decider):
     modules on the arguments the model hands the block (before the block runs and changes them)."""
     first = getattr(model.model.diffusion_model, card.groups[0].attribute)[0]
     needed = MODULATION_MODULES.get(card.family, ())
-    if not getattr(first, "modulation", True):
-        needed = tuple(n for n in needed if n != "img_mod")  # Chroma's blocks take their modulation as an argument
+    if getattr(first, "modulation", True) is False:  # Chroma's blocks take their modulation as an argument
+        needed = tuple(n for n in needed if n != "img_mod")
     missing = [name for name in needed if not hasattr(first, name)]
     if missing:
         raise ChainError(

@@ -180,8 +180,10 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     added = forward.external.pop(segment, {})
     for k, before in inputs.items():
         after = out.get(k)
+        if after is None:
+            continue  # the stream ends here (SD3's last joint block returns no text stream)
         parts = None
-        if after is not None and after.shape == before.shape:
+        if after.shape == before.shape:
             parts = forward.split(after - before - added[k] if k in added else after - before)
         if parts is None:
             run.note(f"the '{k}' stream changed shape inside a span of blocks the cache would skip, so its residual "
