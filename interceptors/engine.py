@@ -187,7 +187,8 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
             parts = forward.split(after - before - added[k] if k in added else after - before)
         if parts is None:
             run.note(f"the '{k}' stream changed shape inside a span of blocks the cache would skip, so its residual "
-                     f"could not be cached and those blocks always ran")
+                     f"could not be cached: the span runs in full when no stream of it could be cached, and a "
+                     f"skipped span passes that stream through unchanged")
             continue
         for key, value in parts.items():
             run.store(key, f"{segment}.{k}", value, ev.sigma)
