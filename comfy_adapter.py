@@ -1,7 +1,11 @@
 """Maps ComfyUI's official sampling hooks onto an :class:`InterceptorChain`.
 
-The only module besides ``nodes/`` that imports ComfyUI. It uses nothing but ComfyUI's public
-extension points, so a ComfyUI update cannot break a patched forward:
+The only module besides ``nodes/`` that imports ComfyUI. Everything it changes goes through ComfyUI's
+public extension points, and the model's own code computes every forward and every block that runs.
+One thing reads ComfyUI internals: TeaCache's signal is computed from the first block's modulation
+modules (``MODULATION_MODULES``), which a ComfyUI update or another model class may rename; they are
+probed when the chain is installed, and a model without them is refused before anything is sampled.
+The hooks:
 
 * ``OUTER_SAMPLE`` wrapper: creates a fresh :class:`LoopState` for every sampling run and drops it
   afterwards (``guider.model_options`` is already a per-run copy, restored by ComfyUI when the run
@@ -13,7 +17,8 @@ extension points, so a ComfyUI update cannot break a patched forward:
   SD3 included);
 * ``patches_replace["dit"]`` block replacements: block-level caching. A replacement someone else
   registered earlier is chained to, never overwritten; a forward in which another patch replaced the pack's
-  block slots for that one call (Skip Layer Guidance's extra pass) is computed in full and never cached.
+  block slots for that one call (Skip Layer Guidance's extra pass) is computed in full and never cached, and
+  a run in which that happened to every forward says so in a note.
 
 A chain is refused, before anything is sampled, where it could not be right: on a model that ComfyUI's
 EasyCache/LazyCache already caches, and, for interceptors that work inside the transformer blocks, on a
@@ -132,6 +137,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     problems = conflicts(chain, model.model_options, model.wrappers)
     if problems:
         raise ChainError("\n".join(problems))
+    decider = chain.decider(Granularity.BLOCKS)
+    modulated = _modulated_input(card, model, decider) if decider and decider.signal == "modulated_input" else None
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
     observers = [NaNWatch()]
@@ -169,6 +176,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             return executor(*args, **kwargs)
         finally:
             options.pop(STATE_KEY, None)
+            _note_slots_taken(run)
             summary = summarize(run, time.perf_counter() - started)
             log.info("Cached Sampler: %s", summary.text())
             if on_run_end is not None:
@@ -191,9 +199,10 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
         forward = run.begin_forward(float(t.flatten()[0]), x.shape[0], tuple(x.shape[1:]), x.dtype,
                                     transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
-        forward.track_external = control is not None or "Vace" in card.name
+        forward.track_external = adds_between_blocks(card, control, transformer_options, kw)
         if block_slots and _slots_taken(transformer_options, block_slots):
             forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
+            run.foreign_slot_forwards += 1
         output = None
         try:
             output = model_forward(run, forward, x, t, lambda: executor(
@@ -216,9 +225,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch)
     patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, predict_noise)
     patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)
-    decider = chain.decider(Granularity.BLOCKS)
     if decider is not None:
-        modulated = _modulated_input(card, patched) if decider.signal == "modulated_input" else None
         _install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()),
                         modulated)
         block_slots.update({(group, index): position for group, index, position in card.block_positions()})
@@ -236,6 +243,30 @@ def _check_guider(run: LoopState, guidance, guider) -> None:
             "disable_cfg1_optimization", False):
         run.state_of(guidance).active = False
         run.note(f"{guidance.label} did nothing: at cfg 1 ComfyUI computes no negative branch to skip.")
+
+
+def adds_between_blocks(card: ModelCard, control, transformer_options: dict, inputs: dict) -> bool:
+    """Whether something in this forward may add to the stream between blocks, so the block cache must measure
+    it and keep it out of the cached residuals: ControlNet residuals (``control``), any patch in
+    ``transformer_options["patches"]`` (Qwen-Image calls its ``double_block`` patches after every block: the
+    DiffSynth / model-patch ControlNets), or an input the model card names (VACE hints, S2V audio, Animate
+    face motion). Any patch counts, known or not: measuring costs a copy of the stream per block, a small price
+    against counting an addition twice on every skipped step."""
+    if control is not None:
+        return True
+    if any(transformer_options.get("patches", {}).values()):
+        return True
+    return any(inputs.get(name) is not None for name in card.injecting_inputs)
+
+
+def _note_slots_taken(run: LoopState) -> None:
+    """One forward per step with foreign block slots is Skip Layer Guidance's extra pass, and expected; a run in
+    which every forward had them never cached a block, which must not pass silently."""
+    forwards = sum(r.forwards_computed + r.forwards_skipped for r in run.records)
+    if forwards and run.foreign_slot_forwards == forwards:
+        run.note("another patch replaced the pack's transformer-block slots in every forward, so no block was ever "
+                 "cached (a block-replacing node applied after Apply Interceptors?): apply that node before the "
+                 "caching, where the pack chains to it")
 
 
 def _slots_taken(transformer_options: dict, slots: dict) -> bool:
@@ -258,10 +289,26 @@ class _EvaluationHook:
         self.fn(run, ev)
 
 
-def _modulated_input(card: ModelCard, model):
+# The modules of block 0 each family's modulated input is computed from (ComfyUI internals, not an extension
+# point: probed when a chain is installed, so a model laid out differently is refused before sampling).
+MODULATION_MODULES = {"flux": ("img_mod", "img_norm1"), "chroma": ("img_mod", "img_norm1"),
+                      "hunyuan_video": ("img_mod", "img_norm1"), "ltxv": ("scale_shift_table",)}
+
+
+def _modulated_input(card: ModelCard, model, decider):
     """TeaCache's signal for this family: block 0's timestep-modulated input, computed from the block's own
     modules on the arguments the model hands the block (before the block runs and changes them)."""
     first = getattr(model.model.diffusion_model, card.groups[0].attribute)[0]
+    needed = MODULATION_MODULES.get(card.family, ())
+    if getattr(first, "modulation", True) is False:  # Chroma's blocks take their modulation as an argument
+        needed = tuple(n for n in needed if n != "img_mod")
+    missing = [name for name in needed if not hasattr(first, name)]
+    if missing:
+        raise ChainError(
+            f"{decider.label} ({decider.display_name}) computes its signal from the first block's "
+            f"{', '.join(missing)}, which the first block of {card.name} ({type(first).__name__}) does not have "
+            f"(a model class laid out differently, or a ComfyUI version that renamed them). Use the Adaptive "
+            f"Cache or DBCache node instead, which only use ComfyUI's hooks.")
     if card.family in ("flux", "chroma", "hunyuan_video"):
         from comfy.ldm.flux.layers import apply_mod
 

@@ -33,6 +33,10 @@ class FamilySpec:
     groups: tuple[BlockGroup, ...] = ()
     teacache: str | None = None      # key into the TeaCache coefficient table
     magcache: str | None = None      # key into the MagCache ratio table
+    # Model inputs whose presence makes the forward add to the image stream between blocks, besides what any
+    # family can get that way (ControlNet's ``control``, patches in transformer_options): VACE hints, S2V's
+    # audio injector, Animate's face adapter.
+    injecting_inputs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,7 @@ class ModelCard:
     distilled: str | None = None      # why the model counts as step-distilled, or None
     teacache: str | None = None
     magcache: str | None = None
+    injecting_inputs: tuple[str, ...] = ()
 
     @property
     def total_blocks(self) -> int:
@@ -84,11 +89,14 @@ FAMILIES: dict[str, FamilySpec] = {
                                               None),
     "WAN21": FamilySpec("wan", _dit("blocks", double_out=("img",)), "wan2.1_t2v_1.3B", "wan2.1_t2v_1.3B"),
     "WAN22": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
-    "WAN21_Vace": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN21_Vace": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None,
+                             injecting_inputs=("vace_context",)),
     "WAN21_Camera": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
     "WAN21_HuMo": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
-    "WAN22_S2V": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
-    "WAN22_Animate": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN22_S2V": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None,
+                            injecting_inputs=("audio_embed",)),
+    "WAN22_Animate": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None,
+                                injecting_inputs=("face_pixel_values",)),
     "QwenImage": FamilySpec("qwen_image", _dit("transformer_blocks"), None, None),
     "SD3": FamilySpec("sd3", _dit("joint_blocks"), None, None),
     "LTXV": FamilySpec("ltxv", _dit("transformer_blocks", double_out=("img",)), "ltxv", None),
@@ -136,4 +144,5 @@ def build_card(model_class: str | tuple[str, ...], config_class: str = "", sampl
     levels = {Granularity.MODEL}
     if groups and block_hooks:
         levels.add(Granularity.BLOCKS)
-    return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache)
+    return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache,
+                     spec.injecting_inputs)

@@ -9,10 +9,14 @@ on every model ComfyUI can sample.
 
 Block caches store the residual of each skippable segment (a run of blocks of one kind), measured
 from a clone of the segment's input, because some models (Flux) add block outputs in place into the
-tensors they pass around. What the model itself adds between blocks (ControlNet residuals, VACE hints)
-is tracked when present and left out of the residual. On a skipped step the segment's blocks pass the
-stream through, the model keeps adding this step's additions to it, and the last block adds the
-cached residual: every addition is counted once, and none is stale.
+tensors they pass around. What the model itself adds to the stream between blocks is measured, and left
+out of the residual, in every forward the adapter marks with ``Forward.track_external``: one in which
+something can add there (ControlNet residuals, a patch in transformer_options, an input the model card
+names, such as VACE hints or Wan S2V's audio). On a skipped step the segment's blocks pass the stream
+through, the model keeps adding this step's additions to it (computed on the passed-through stream), and
+the last block adds the cached residual: each such addition is counted once, and none is stale. An
+addition made outside ComfyUI's hooks, which the adapter cannot see, would stay inside the residual and be
+counted twice on skipped steps.
 """
 from __future__ import annotations
 
@@ -39,7 +43,11 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
                   compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Run (or skip) one whole-model forward. ``compute`` runs the real model and returns denoised."""
     decider = run.model_decider
-    if decider is None or not forward.cacheable or sigma.numel() != x.shape[0] or bool((sigma == 0).any()):
+    if decider is None or not forward.cacheable or bool((sigma == 0).any()):
+        return compute()
+    if sigma.numel() != x.shape[0]:
+        run.note(f"the model was called with {sigma.numel()} noise levels for {x.shape[0]} batch rows, which the "
+                 f"whole-model cache cannot split by row, so such forwards were computed in full")
         return compute()
     ev = forward.evaluation
     parts = forward.split(x)
@@ -145,8 +153,8 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
             run.skipped(decider)
 
     if forward.skip_blocks:
-        # Pass the stream through; the model keeps adding what it adds between blocks (ControlNet, VACE) to
-        # it, and the segment's last block adds the cached residual, which excludes those additions.
+        # Pass the stream through; the model keeps adding what it adds between blocks (ControlNet, patches,
+        # VACE, audio) to it, and the segment's last block adds the cached residual, which excludes them.
         if position != last:
             return {k: args[k] for k in out_keys}
         result = {}
@@ -177,11 +185,15 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     added = forward.external.pop(segment, {})
     for k, before in inputs.items():
         after = out.get(k)
-        if after is None or after.shape != before.shape:
-            continue
-        residual = after - before - added[k] if k in added else after - before
-        parts = forward.split(residual)
+        if after is None:
+            continue  # the stream ends here (SD3's last joint block returns no text stream)
+        parts = None
+        if after.shape == before.shape:
+            parts = forward.split(after - before - added[k] if k in added else after - before)
         if parts is None:
+            run.note(f"the '{k}' stream changed shape inside a span of blocks the cache would skip, so its residual "
+                     f"could not be cached: the span runs in full when no stream of it could be cached, and a "
+                     f"skipped span passes that stream through unchanged")
             continue
         for key, value in parts.items():
             run.store(key, f"{segment}.{k}", value, ev.sigma)

@@ -180,6 +180,7 @@ class LoopState:
         self.caches: dict[BranchKey, BranchCache] = {}
         self.records: list[EvaluationRecord] = []
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
+        self.foreign_slot_forwards = 0  # forwards in which another patch served some of the pack's block slots
         self.evaluation: Evaluation | None = None
         self.current_forward: Forward | None = None
         self.card = None
@@ -249,6 +250,9 @@ class LoopState:
         branches = list(cond_or_uncond) if cond_or_uncond else [None]
         ids = list(uuids) if uuids and len(uuids) == len(branches) else [None] * len(branches)
         cacheable = batch % len(branches) == 0
+        if not cacheable:
+            self.note(f"a batch of {batch} rows could not be split into its {len(branches)} conditioning branches, "
+                      f"so such forwards were computed in full, never cached")
         keys = []
         for branch, uuid in zip(branches, ids):
             ident = (branch, uuid, tuple(row_shape), str(dtype))

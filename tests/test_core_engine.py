@@ -1,4 +1,6 @@
 """The engine on hand-made models: what is computed, what is reused, and whose cache is read."""
+import dataclasses
+
 import torch
 
 from pack import load_core
@@ -100,6 +102,16 @@ def test_loop_states_are_independent():
     assert not b.records and not b.caches
 
 
+@dataclasses.dataclass(frozen=True)
+class EveryOther(ic.Decider):
+    kind = "every_other"
+    display_name = "Every other"
+    granularity = ic.Granularity.BLOCKS
+
+    def decide(self, run, ev, signals):
+        return ev.index % 2 == 0
+
+
 def test_block_plan_segments():
     plan = BlockPlan([("double_block", 3), ("single_block", 4)], front=1, back=1)
     assert plan.segments == [(1, 2), (3, 5)] and plan.probe_end == 0
@@ -110,17 +122,6 @@ def test_block_plan_segments():
 def test_block_skip_uses_cloned_input_even_when_blocks_mutate_in_place():
     """Flux-style blocks add into their input tensor. The residual must come from a clone of the segment
     input, and a skipped step must return input + residual exactly once."""
-    import dataclasses
-
-    @dataclasses.dataclass(frozen=True)
-    class EveryOther(ic.Decider):
-        kind = "every_other"
-        display_name = "Every other"
-        granularity = ic.Granularity.BLOCKS
-
-        def decide(self, run, ev, signals):
-            return ev.index % 2 == 0
-
     def make_block(weight):
         def block(args):
             img = args["img"]
@@ -250,3 +251,58 @@ def test_a_plan_for_another_schedule_computes_everything_and_says_so():
         other.end_evaluation()
     assert model.calls == 8
     assert len(other.notes) == 1 and "another schedule" in other.notes[0]
+
+
+def test_a_batch_that_cannot_be_split_by_branch_is_computed_and_noted():
+    """Three rows for two branches: nothing says whose rows are whose, so every such forward is computed, and
+    the run says so once."""
+    run = ic.LoopState(ic.InterceptorChain.of([ic.FixedCadence(interval=100)]), SIGMAS)
+    model = CountingModel()
+    for sigma in SIGMAS[:-1]:
+        run.begin_evaluation(sigma)
+        batch, s = torch.ones(3, 2), torch.full((3,), sigma)
+        fwd = run.begin_forward(sigma, 3, (2,), batch.dtype, [1, 0], ["u", "c"])
+        run.end_forward(fwd, model_forward(run, fwd, batch, s, lambda: model(batch, s)))
+        run.end_evaluation()
+    assert model.calls == len(SIGMAS) - 1
+    assert len(run.notes) == 1 and "could not be split" in run.notes[0]
+
+
+def test_noise_levels_that_do_not_match_the_rows_are_computed_and_noted():
+    run = ic.LoopState(ic.InterceptorChain.of([ic.FixedCadence(interval=100)]), SIGMAS)
+    model = CountingModel()
+    for sigma in SIGMAS[:-1]:
+        run.begin_evaluation(sigma)
+        batch = torch.ones(2, 2)
+        fwd = run.begin_forward(sigma, 2, (2,), batch.dtype, [1, 0], ["u", "c"])
+        out = model_forward(run, fwd, batch, torch.full((4,), sigma), lambda: model(batch, torch.full((2,), sigma)))
+        run.end_forward(fwd, out)
+        run.end_evaluation()
+    assert model.calls == len(SIGMAS) - 1
+    assert len(run.notes) == 1 and "noise levels" in run.notes[0]
+
+
+def test_a_stream_that_changes_shape_inside_a_skippable_span_is_never_skipped_and_noted():
+    """Block 1 appends a token: the span 1-2 has no residual of the input's shape to cache, so its blocks run on
+    every step (the decider's skips cannot happen), and the run says why."""
+    ran = []
+
+    def block(pos):
+        def run_block(args):
+            ran.append(pos)
+            img = args["img"]
+            return {"img": torch.cat([img, img[:, :1]], dim=1) if pos == 1 else img * 0.9}
+        return run_block
+
+    plan = BlockPlan([("double_block", 3)], front=1, back=0)
+    run = ic.LoopState(ic.InterceptorChain.of([EveryOther()]), SIGMAS)
+    for sigma in SIGMAS[:-1]:
+        run.begin_evaluation(sigma)
+        fwd = run.begin_forward(sigma, 1, (4, 2), torch.float32, [0], ["c"])
+        img = torch.ones(1, 4, 2)
+        for pos in range(3):
+            img = block_call(run, plan, pos, ("img",), {"img": img}, block(pos))["img"]
+        run.end_forward(fwd, img)
+        run.end_evaluation()
+    assert len(ran) == 3 * (len(SIGMAS) - 1)
+    assert len(run.notes) == 1 and "changed shape" in run.notes[0]

@@ -60,14 +60,40 @@ def sampler_names(comfy):
     return all_samplers()
 
 
-def test_bit_identical_to_ksampler_for_every_sampler(comfy, sampler_names):
-    failures = []
+# Chains installed on the Cached Sampler that never skip: every hook runs (wrappers, block replacements,
+# deciders' signals, the estimator's bookkeeping) and the result must still be KSampler's, bit for bit.
+NEVER_SKIPS = {
+    "nothing connected": None,
+    "Adaptive Cache at threshold 0 + TaylorSeer order 2 (whole model)": lambda p: graphs.config(
+        p, "ts", "CachedSamplerTaylorSeer", order=2, upstream=graphs.config(
+            p, "ad", "CachedSamplerAdaptiveCache", threshold=0.0, max_consecutive_cached=-1, start_percent=0.0,
+            end_percent=1.0)),
+    "DBCache F1B1 at threshold 0 (blocks)": lambda p: graphs.config(
+        p, "db", "CachedSamplerDBCache", Fn=1, Bn=1, threshold=0.0, warmup=0.0, max_cached_steps=-1,
+        max_consecutive_cached=-1, start_percent=0.0, end_percent=1.0),
+}
+
+
+def test_bit_identical_to_ksampler_for_every_sampler_with_chains_that_never_skip(comfy, sampler_names):
+    failures, evaluations = [], {}
     for name in sampler_names:
         for cfg in (1.0, 3.0):
-            ref, ours = _pair(comfy, "flux", sampler=name, cfg=cfg, steps=4)
-            if not torch.equal(ref, ours):
-                failures.append((name, cfg))
+            prompt = graphs.base("flux")
+            graphs.sampler(prompt, "KSampler", key="ref", node_id="ref", sampler=name, cfg=cfg, steps=4)
+            for i, build in enumerate(NEVER_SKIPS.values()):
+                graphs.sampler(prompt, "CachedSampler", key=f"ours{i}", node_id=f"ours{i}",
+                               chain=build(prompt) if build else None, sampler=name, cfg=cfg, steps=4)
+            _, ui = comfy.run(prompt)
+            for i, label in enumerate(NEVER_SKIPS):
+                if not torch.equal(CAPTURED["ref"], CAPTURED[f"ours{i}"]):
+                    failures.append((name, cfg, label))
+                if i:  # the chain really ran inside the sampler: its run saw every model evaluation
+                    runs = ui[f"ours{i}"]["cached_sampler"][0]["runs"]
+                    evaluations[(name, cfg, label)] = sum(r["evaluations"] for r in runs), sum(
+                        r["computed"] for r in runs), [n for r in runs for n in r["notes"]]
     assert not failures, f"differs from KSampler: {failures}"
+    assert all(seen > 0 and computed == seen and not notes for seen, computed, notes in evaluations.values()), \
+        evaluations
 
 
 @pytest.mark.parametrize("scheduler", ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta",

@@ -69,6 +69,7 @@ def test_threshold_zero_is_bit_identical_and_caching_skips_work(comfy, method, f
         skips = dict(skips, model_type="ltxv")
     cached, work, ui = _run_counted(comfy, family, method, skips)
     assert torch.isfinite(cached).all()
+    assert not [n for r in ui["sampler"]["cached_sampler"][0]["runs"] for n in r["notes"]], "nothing was switched off"
     measure = "blocks" if tiny_models.block_groups(family) else "forwards"
     assert work[measure] < ref_work[measure], f"{method} skipped no work on {family}: {work} vs {ref_work}"
 

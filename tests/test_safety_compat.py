@@ -4,6 +4,7 @@ pack's), and ComfyUI's own EasyCache/LazyCache."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 import pytest
@@ -143,24 +144,85 @@ def test_controlnet_with_skipping_stays_finite_and_keeps_the_control(comfy, chai
     assert (cached - exact).norm() < 1.5 * (cached_plain - exact_plain).norm()
 
 
+# ------------------------------------------------------- other additions between blocks --
+
+def injecting_model(family):
+    """The tiny ``family`` with pass-through blocks after the probe block, and with what makes it add to the
+    stream between blocks: ComfyUI's DiffSynth ControlNet patch on Qwen-Image, the audio conditioning (which
+    the tiny conditioning always carries) on Wan S2V."""
+    def patch(prompt, model):
+        prompt[model] = {"class_type": "TestTinyModelIdentityBlocks",
+                         "inputs": {"family": family, "seed": 0, "identity_from": 1}}
+        if family != "qwen_image":
+            return model
+        prompt["hint"] = {"class_type": "TestHintImage", "inputs": {"size": 128, "seed": 2}}
+        prompt["diffsynth"] = {"class_type": "TestTinyQwenDiffsynthControlNet", "inputs": {
+            "model": [model, 0], "image": ["hint", 0], "strength": 1.0, "seed": 13}}
+        return "diffsynth"
+    return patch
+
+
+def counted(family, patch):
+    def with_counter(prompt, model):
+        prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": [patch(prompt, model), 0],
+                                                                         "family": family, "key": "work"}}
+        return "count"
+    return with_counter
+
+
+@pytest.mark.parametrize("family", ["qwen_image", "wan22_s2v"])
+def test_an_addition_between_blocks_is_counted_once_on_skipped_steps(comfy, family):
+    """Blocks 1-2 pass their input through exactly, so the only thing in DBCache's skipped span is what the
+    model adds after block 1 (the ControlNet patch, the audio injector): a cache that counts it once gives
+    the uncached result on every skipped step, while one that also replays it inside the cached residual
+    adds it twice."""
+    exact, _ = sampled(comfy, sampler="KSampler", model_patch=injecting_model(family), family=family)
+    cached, ui = sampled(comfy, model_patch=counted(family, injecting_model(family)), family=family,
+                         chain=lambda p: dbcache(p, threshold=100.0))
+    work = CAPTURED["work"]
+    assert work["forwards"] == STEPS and work["blocks"] < STEPS * 3, work  # steps were really skipped
+    assert torch.allclose(cached, exact, rtol=0, atol=1e-4), (cached - exact).abs().max()
+    assert notes(ui) == []
+    # the addition is there and matters: the same model without it ends elsewhere
+    plain = graphs.base(family)
+    plain["model"] = {"class_type": "TestTinyModelIdentityBlocks", "inputs": {"family": family, "seed": 0,
+                                                                              "identity_from": 1}}
+    if family == "wan22_s2v":
+        plain["cond"] = {"class_type": "TestTinyConditioningWithout", "inputs": {"family": family,
+                                                                                "drop": "audio_embed"}}
+    graphs.sampler(plain, "KSampler", steps=STEPS)
+    without, _ = run(comfy, plain)
+    assert (exact - without).abs().max() > 0.1
+
+
 # ------------------------------------------------------------------------------- torch.compile --
 
-def test_every_interceptor_declares_compile_safety_and_block_level_ones_are_refused_on_compiled_models(comfy):
+def test_on_a_compiled_model_exactly_the_block_level_and_compile_unsafe_interceptors_are_refused(comfy):
+    """Every interceptor the pack ships, alone (an estimator behind Fixed Cadence), plus one that declares
+    itself unsafe to compile: the compile check refuses exactly those working inside the blocks or declaring
+    ``compile_safe = False``, naming their node, and lets every other one through."""
     ic = comfy.module("interceptors")
+
+    @dataclasses.dataclass(frozen=True)
+    class CompileUnsafe(ic.FixedCadence):
+        kind = "compile_unsafe"
+        compile_safe = False
+
     classes = [obj for obj in vars(ic).values() if isinstance(obj, type) and issubclass(obj, ic.Interceptor)
-               and obj not in (ic.Interceptor, ic.Decider, ic.Estimator)]
-    assert len(classes) >= 6
+               and obj not in (ic.Interceptor, ic.Decider, ic.Estimator)] + [CompileUnsafe]
+    needs = {ic.PlannedSchedule: dict(compute=(0,), evaluations=1, steps=1)}  # an empty plan is refused
+    refused = set()
     for cls in classes:
-        assert isinstance(cls.compile_safe, bool), cls
-    model_level = ic.InterceptorChain.of([ic.FixedCadence(interval=2), ic.TaylorSeer(order=1)])
-    assert model_level.compile_problems("TorchCompileModel") == []
-    assert ic.InterceptorChain.of([ic.AdaptiveCache()]).compile_problems("TorchCompileModel") == []
-    block_level = [cls for cls in classes if getattr(cls, "granularity", None) == ic.Granularity.BLOCKS]
-    assert {ic.DBCache, ic.FirstBlockCache} <= set(block_level)
-    for cls in block_level:
-        chain = ic.InterceptorChain.of([cls().with_node("X (node 9)")])
+        item = cls(**needs.get(cls, {})).with_node("X (node 9)")
+        chain = ic.InterceptorChain.of([ic.FixedCadence(), item] if item.role == ic.Role.ESTIMATOR else [item])
         problems = chain.compile_problems("TorchCompileModel")
-        assert problems and "X (node 9)" in problems[0] and "TorchCompileModel" in problems[0], cls
+        if problems:
+            refused.add(cls)
+            assert "X (node 9)" in problems[0] and "TorchCompileModel" in problems[0], cls
+    must_refuse = {cls for cls in classes if cls.granularity == ic.Granularity.BLOCKS or not cls.compile_safe}
+    assert refused == must_refuse
+    assert {ic.DBCache, ic.FirstBlockCache, ic.TeaCache, ic.MagCache, CompileUnsafe} <= refused
+    assert {ic.FixedCadence, ic.AdaptiveCache, ic.TaylorSeer, ic.ReuseLast}.isdisjoint(refused)
 
 
 def compile_node(backend):
@@ -295,6 +357,30 @@ def test_skip_layer_guidance_passes_are_computed_in_full_while_normal_passes_are
     assert all(f["blocks"] == FLUX_BLOCKS - skipped_layers for f in slg_passes), slg_passes
     assert any(f["blocks"] < FLUX_BLOCKS for f in normal), "the normal passes were cached"
     assert torch.isfinite(out).all() and computed_fraction(ui)[0] < STEPS
+    assert notes(ui) == [], "an extra pass per step is expected, not a switch-off"
+
+
+def notes(ui, node="sampler") -> list[str]:
+    return [n for run in ui[node]["cached_sampler"][0]["runs"] for n in run["notes"]]
+
+
+def test_a_patch_that_takes_the_block_slots_of_every_forward_is_noted(comfy, caplog):
+    """A block replacement registered after Apply Interceptors serves one of the pack's slots in every forward:
+    no forward can be block-cached. Every block runs, and the run says so once in the log."""
+    prompt = graphs.base("flux")
+    prompt["log"] = {"class_type": "TestBlockLog", "inputs": {"model": ["model", 0], "family": "flux",
+                                                             "key": "blocklog"}}
+    prompt["applied"] = {"class_type": "CachedSamplerApplyInterceptors",
+                         "inputs": {"model": ["log", 0], "interceptors": [dbcache(prompt), 0]}}
+    prompt["replace"] = {"class_type": "TestBlockReplace", "inputs": {
+        "model": ["applied", 0], "group": "double_block", "index": 1, "mode": "scale", "factor": 0.5}}
+    graphs.sampler(prompt, "KSampler", model="replace", steps=STEPS)
+    with caplog.at_level("WARNING", logger="cached_sampler"):
+        run(comfy, prompt)
+    # the replaced slot's counter went with the pack's replacement: the other three blocks ran in every forward
+    assert [f["blocks"] for f in CAPTURED["blocklog"]] == [FLUX_BLOCKS - 1] * STEPS
+    said = [r.getMessage() for r in caplog.records if "no block was ever cached" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize("mode,group,index", [("scale", "double_block", 1), ("skip", "double_block", 1),

@@ -159,6 +159,29 @@ def test_first_block_cache_on_a_model_without_block_hooks_is_refused_naming_the_
     assert forwards_run() == 0
 
 
+@pytest.mark.parametrize("family, module", [("flux", "img_mod"), ("flux", "img_norm1"), ("ltxv", "scale_shift_table")])
+@pytest.mark.parametrize("sampler", ["CachedSampler", "CachedSamplerApplyInterceptors"])
+def test_teacache_on_a_model_whose_first_block_lacks_its_signal_modules_is_refused_before_sampling(
+        comfy, family, module, sampler):
+    """TeaCache computes its signal from block 0's own modulation modules, ComfyUI internals a model class or
+    a ComfyUI version may lay out differently: their absence is found when the chain is installed."""
+    prompt = base_prompt(family)
+    prompt["model"] = {"class_type": "TestTinyModelWithout", "inputs": {"family": family, "module": module}}
+    graphs.config(prompt, "tc", "CachedSamplerTeaCache", threshold=0.4, model_type="auto", start_percent=0.0,
+                  end_percent=1.0)
+    if sampler == "CachedSampler":
+        graphs.sampler(prompt, "CachedSampler", chain="tc", model="count", steps=STEPS)
+    else:
+        prompt["applied"] = {"class_type": sampler, "inputs": {"model": ["count", 0], "interceptors": ["tc", 0]}}
+        graphs.sampler(prompt, "KSampler", model="applied", steps=STEPS)
+    result = run_expecting_error(comfy, prompt)
+    message = result["error"]["exception_message"]
+    assert "TeaCache (node tc)" in message and module in message, message
+    assert "Adaptive Cache" in message and "DBCache" in message, message
+    assert result["error"]["node_id"] == ("sampler" if sampler == "CachedSampler" else "applied")
+    assert forwards_run() == 0
+
+
 @pytest.mark.parametrize("target", ["CachedSampler", "CachedSamplerApplyInterceptors", "CachedSamplerFixedCadence"])
 def test_a_model_linked_into_interceptors_is_refused_by_type(comfy, target):
     prompt = base_prompt()

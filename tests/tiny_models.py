@@ -24,7 +24,8 @@ ComfyUI on ``sys.path`` and sets ``comfy.cli_args.args`` (``cpu``,
 Public API:
 
 * ``FAMILIES``: the family names that can be built.
-* ``build(family, seed=0)``: a ``comfy.model_patcher.ModelPatcher``.
+* ``build(family, seed=0, identity_from=-1)``: a ``comfy.model_patcher.ModelPatcher``
+  (optionally with pass-through blocks from ``identity_from`` on).
 * ``conditioning(family, batch=1, seed=0, length=4)``: ``(positive, negative)``
   CONDITIONING lists with the extras each family's ``extra_conds`` requires.
 * ``latent(family, batch=1, seed=None, size=16)``: a LATENT dict.
@@ -45,6 +46,7 @@ FAMILIES = (
     "chroma",
     "wan21",
     "wan22",
+    "wan22_s2v",
     "hunyuan_video",
     "hunyuan_video15",
     "qwen_image",
@@ -61,6 +63,10 @@ FAMILIES = (
 # real ones are 4096 / 768 / 2048 ...; only the shapes matter here).
 CONTEXT_DIM = 32
 POOLED_DIM = 32
+
+# Wan S2V's audio features: [batch, AUDIO_LAYERS encoder layers, AUDIO_DIM, 4 per latent frame].
+AUDIO_DIM = 32
+AUDIO_LAYERS = 25
 
 # SDXL's ``encode_adm`` appends six 256-wide size embeddings to the pooled vector.
 _SDXL_ADM = POOLED_DIM + 6 * 256
@@ -196,6 +202,29 @@ _SPECS = {
         "cross_attn_norm": True,
         "eps": 1e-6,
     }, 48, 2, {"double_block": 3}),
+    # Wan 2.2 S2V (speech to video): Wan 2.1 blocks; an audio injector adds its output to the stream after
+    # every block listed in audio_inject_layers (all three here) when the conditioning carries audio.
+    "wan22_s2v": ("WAN22_S2V", {
+        "image_model": "wan2.1",
+        "model_type": "s2v",
+        "patch_size": (1, 2, 2),
+        "in_dim": 16,
+        "out_dim": 16,
+        "dim": 64,
+        "ffn_dim": 128,
+        "freq_dim": 256,
+        "text_dim": CONTEXT_DIM,
+        "num_heads": 2,
+        "num_layers": 3,
+        "window_size": (-1, -1),
+        "qk_norm": True,
+        "cross_attn_norm": True,
+        "eps": 1e-6,
+        "audio_dim": AUDIO_DIM,
+        "num_audio_token": 4,
+        "cond_dim": 16,
+        "audio_inject_layers": [0, 1, 2],
+    }, 16, 2, {"double_block": 3}),
     # HunyuanVideo (v1): token refiner, double + single blocks, pooled CLIP vector.
     "hunyuan_video": ("HunyuanVideo", {
         "image_model": "hunyuan_video",
@@ -411,6 +440,7 @@ _EXTRAS = {
     "sdxl": ("pooled",),
     "kandinsky5": ("pooled",),
     "ltxv": ("mask",),
+    "wan22_s2v": ("audio",),
 }
 
 
@@ -459,8 +489,10 @@ def init_weights(module, seed: int = 0):
     return module
 
 
-def build(family: str, seed: int = 0):
-    """Build the tiny ``family`` model as a ComfyUI ``ModelPatcher`` on the CPU."""
+def build(family: str, seed: int = 0, identity_from: int = -1):
+    """Build the tiny ``family`` model as a ComfyUI ``ModelPatcher`` on the CPU. With ``identity_from`` >= 0,
+    every transformer block from that index on has all-zero weights, which makes it pass its input through
+    exactly (its gated attention and MLP outputs are zero), while the model around it still works."""
     import comfy.model_patcher
     import comfy.supported_models
 
@@ -470,6 +502,13 @@ def build(family: str, seed: int = 0):
     config.set_inference_dtype(torch.float32, None)
     model = config.get_model({})
     init_weights(model.diffusion_model, seed)
+    if identity_from >= 0:
+        with torch.no_grad():
+            for child in model.diffusion_model.children():
+                if isinstance(child, torch.nn.ModuleList) and len(child) == sum(block_groups(family).values()):
+                    for block in child[identity_from:]:
+                        for p in block.parameters():
+                            p.zero_()
     model.eval()
     cpu = torch.device("cpu")
     return comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
@@ -496,6 +535,9 @@ def conditioning(family: str, batch: int = 1, seed: int = 0, length: int = 4):
             d["pooled_output"] = None
         if "mask" in extras:
             d["attention_mask"] = torch.ones((batch, length), dtype=torch.long)
+        if "audio" in extras:
+            frames = _spec(family)[3]
+            d["audio_embed"] = torch.randn((batch, AUDIO_LAYERS, AUDIO_DIM, 4 * frames), generator=gen)
         return [[cross, d]]
 
     positive = one()

@@ -512,6 +512,107 @@ class HintImage:
         return (torch.rand(1, size, size, 3, generator=gen),)
 
 
+class TinyModelIdentityBlocks:
+    """The tiny model of a single-group family whose blocks from ``identity_from`` on pass their input through
+    exactly: a skipped span of them has a zero residual, so whatever the model adds between them is the only
+    thing a block cache could get wrong."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": (list(tiny_models.FAMILIES),), "seed": ("INT", {"default": 0}),
+                             "identity_from": ("INT", {"default": 1})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    def load(self, family, seed, identity_from):
+        return (tiny_models.build(family, seed, identity_from=identity_from),)
+
+
+class TinyConditioningWithout:
+    """TestTinyConditioning's pair (seed 1, length 4) without one of its extras, e.g. Wan S2V's audio."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": (list(tiny_models.FAMILIES),), "drop": ("STRING", {"default": ""})}}
+
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, family, drop):
+        pair = tiny_models.conditioning(family, batch=1, seed=1, length=4)
+        return tuple([[c[0], {k: v for k, v in c[1].items() if k != drop}] for c in cond] for cond in pair)
+
+
+class TinyModelWithout:
+    """The tiny model of a family with one module of its first transformer block removed: a model laid out
+    differently from what ComfyUI v0.8.0's block classes have."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"family": (list(tiny_models.FAMILIES),), "module": ("STRING", {"default": "img_mod"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    def load(self, family, module):
+        import torch
+        model = tiny_models.build(family)
+        blocks = next(c for c in model.model.diffusion_model.children() if isinstance(c, torch.nn.ModuleList))
+        delattr(blocks[0], module)
+        return (model,)
+
+
+class _LatentVAE:
+    """Stands in for the VAE a DiffSynth ControlNet encodes its hint with: a fixed seeded map from 8x8 pixel
+    patches to the 16 Wan 2.1 latent channels Qwen-Image uses (the encoder itself plays no part here)."""
+
+    def __init__(self):
+        import torch
+        self.proj = torch.randn(16, 3, generator=torch.Generator().manual_seed(7))
+
+    def spacial_compression_encode(self):
+        return 8
+
+    def encode(self, image):
+        import torch
+        pooled = torch.nn.functional.avg_pool2d(image.movedim(-1, 1), 8)        # [B, 3, H/8, W/8]
+        return torch.einsum("oc,bchw->bohw", self.proj, pooled).unsqueeze(2)     # [B, 16, 1, H/8, W/8]
+
+
+class TinyQwenDiffsynthControlNet:
+    """ComfyUI's own QwenImageDiffsynthControlnet node path (DiffSynthCnetPatch around a
+    QwenImageBlockWiseControlNet, registered with set_model_double_block_patch) with a block-wise ControlNet of
+    the tiny Qwen-Image's width: after every block the model calls the patch, which adds the control block's
+    output to the image stream in place."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "image": ("IMAGE",), "strength": ("FLOAT", {"default": 1.0}),
+                             "seed": ("INT", {"default": 13})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, image, strength, seed):
+        import torch
+        import comfy.model_patcher
+        import comfy.ops
+        from comfy_extras.nodes_model_patch import QwenImageBlockWiseControlNet, QwenImageDiffsynthControlnet
+        spec = tiny_models._spec("qwen_image")[1]
+        dim = spec["attention_head_dim"] * spec["num_attention_heads"]
+        net = QwenImageBlockWiseControlNet(num_layers=spec["num_layers"], in_dim=spec["in_channels"], dim=dim,
+                                           dtype=torch.float32, operations=comfy.ops.manual_cast)
+        tiny_models.init_weights(net, seed)
+        cpu = torch.device("cpu")
+        model_patch = comfy.model_patcher.ModelPatcher(net, load_device=cpu, offload_device=cpu)
+        return QwenImageDiffsynthControlnet().diffsynth_controlnet(model, model_patch, _LatentVAE(), image, strength)
+
+
 class AnyOutput:
     """Outputs whatever it is given as the wildcard type '*', which ComfyUI lets connect to any input: the way
     a wrongly typed value can still reach a node's input."""
@@ -533,5 +634,7 @@ TEST_NODES.update({
     "TestLoraPatch": LoraPatch, "TestCaptureModel": CaptureModel, "TestNaNAt": NaNAt,
     "TestInterruptAt": InterruptAt, "TestBlockReplace": BlockReplace, "TestBlockLog": BlockLog,
     "TestTorchCompileBackend": TorchCompileBackend, "TestTinyFluxControlNet": TinyFluxControlNet,
-    "TestHintImage": HintImage, "TestAnyOutput": AnyOutput,
+    "TestHintImage": HintImage, "TestAnyOutput": AnyOutput, "TestTinyModelIdentityBlocks": TinyModelIdentityBlocks,
+    "TestTinyQwenDiffsynthControlNet": TinyQwenDiffsynthControlNet, "TestTinyConditioningWithout": TinyConditioningWithout,
+    "TestTinyModelWithout": TinyModelWithout,
 })
