@@ -23,11 +23,11 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(scope="session")
-def comfy():
+def comfy(tmp_path_factory):
     global _COMFY
     if _COMFY is None:
         path = find_comfyui()
         if path is None:
             pytest.skip("no ComfyUI found (COMFYUI_PATH, ../../ when installed in custom_nodes, or ~/ComfyUI)")
-        _COMFY = Comfy(path)
+        _COMFY = Comfy(path, tmp_path_factory.mktemp("comfy"))
     return _COMFY
