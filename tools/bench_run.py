@@ -20,8 +20,10 @@ import torch
 
 import bench_metrics
 import bench_nodes
-from bench_discover import CHAIN_TYPE, ROOT, TAYLORSEER, Config, Method, discover, return_types, start_comfy, widget_defaults
+from bench_discover import (CHAIN_TYPE, ROOT, TAYLORSEER, Config, Method, discover, return_types, start_comfy,
+                            widget_defaults)
 from bench_report import TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
+from work_nodes import CAPTURED
 
 EXTEND_BELOW_DB = 30.0  # sweeps are extended until a curve's PSNR drops below this
 OVERHEAD_TAYLORSEER_ON = ("fixed_cadence", "fbcache")  # TaylorSeer's own overhead, measured on these
@@ -61,7 +63,7 @@ def heavy_workload(config: Config) -> Workload:
 
 def build_prompt(config: Config, wl: Workload, method: Method | None, value, steps: int, key: str) -> dict:
     prompt = json.loads(json.dumps(wl.nodes))
-    prompt["work"] = {"class_type": "BenchCountWork", "inputs": {"model": list(wl.model), "key": key}}
+    prompt["work"] = {"class_type": "BenchCountWork", "inputs": {"model": list(wl.model), "key": key + "w"}}
     if method is not None and method.copy_input:
         prompt["work"]["inputs"]["copy_input"] = True
     model, chain, sampler = "work", None, "KSampler"
@@ -139,12 +141,12 @@ class Bench:
         key = f"bench{self._n}"
         prompt = build_prompt(self.config, wl, method, value, steps, key)
         self._execute(prompt)
-        record = bench_nodes.RECORDS.pop(key, None)
-        latent = bench_nodes.CAPTURED.pop(key, None)
+        record = CAPTURED.pop(key + "w", None)
+        latent = CAPTURED.pop(key, None)
         if record is None or latent is None or record["runs"] != 1:
             raise BenchError("the prompt ran but produced no sampling run")
         return RunResult(latent, record["seconds"], record["cpu_seconds"], record["block_cpu_seconds"],
-                         record["blocks"], record["forwards"], record["evaluations"])
+                         record["blocks"], record["block_forwards"], record["evaluations"])
 
     # -- quality / work / speed on the digits model --------------------------------------------------
     def reference(self, wl: Workload, steps: int) -> dict:
@@ -302,7 +304,7 @@ class Bench:
                                        "inputs": {"chain": ["calibrate", outputs.index(CHAIN_TYPE)], "key": key + "c"}}
         started = time.perf_counter()
         self._execute(prompt, "calibration failed: ")
-        return {"text": bench_nodes.CAPTURED.pop(key + "t", None), "chain": bench_nodes.CAPTURED.pop(key + "c", None),
+        return {"text": CAPTURED.pop(key + "t", None), "chain": CAPTURED.pop(key + "c", None),
                 "seconds": time.perf_counter() - started}
 
     def calibrate(self, wl: Workload, method: Method, steps: int) -> Method:

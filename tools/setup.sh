@@ -9,7 +9,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 quiet() {  # pip install, its exit status kept, without the root-user warning
   local log rc=0
   log=$("$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1) || rc=$?
-  printf '%s\n' "$log" | grep -v -i -e "running pip as the 'root' user" -e '^$' >&2 || true
+  printf '%s\n' "$log" | grep -v -i -e "running pip as the 'root' user" -e "^WARNING: Location 'file:" -e '^$' >&2 || true
   return $rc
 }
 installed() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1" 2>/dev/null; }
