@@ -161,16 +161,11 @@ def overhead_table(results: dict) -> list[str]:
              f"their timing noise is taken out), as a share of the uncached run: median over {o['repeats']} rounds, "
              f"baseline and method runs alternated. *Total CPU* = the plain difference of the runs' CPU times, "
              f"which the machine's other load moves by a few percent either way.",
-             "", "| Method | Setting | Overhead | ms per step | Total CPU (noisy) | Output identical |",
-             "|---|---|---|---|---|---|"]
-    for r in o["rows"]:
-        if r.get("error"):
-            lines.append(f"| {r['method']} | {r['setting']} | error: {r['error']} | | | |")
-            continue
-        lines.append(f"| {r['method']} | {r['setting']} | {r['overhead_percent']:+.2f}% | "
-                     f"{r['overhead_ms_per_step']:+.2f} | {r['total_cpu_overhead_percent']:+.1f}% | "
-                     f"{'yes' if r['identical'] else 'no'} |")
-    return lines
+             ""]
+    return lines + table(["Method", "Setting", "Overhead", "ms per step", "Total CPU (noisy)", "Output identical"],
+                         o["rows"], lambda r: [f"{r['overhead_percent']:+.2f}%", f"{r['overhead_ms_per_step']:+.2f}",
+                                               f"{r['total_cpu_overhead_percent']:+.1f}%",
+                                               "yes" if r["identical"] else "no"])
 
 
 def tiny_overhead_table(results: dict) -> list[str]:
@@ -196,17 +191,22 @@ def tiny_overhead_table(results: dict) -> list[str]:
     return lines + [""]
 
 
-def sweep_table(rows: list[dict]) -> list[str]:
-    lines = ["| Method | Setting | Work | Forwards | Speedup (wall) | Speedup (CPU) | PSNR dB | SSIM | k-NN |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def table(header: list[str], rows: list[dict], cells) -> list[str]:
+    """A markdown table of result rows: method, setting, then ``cells(row)``; a failed row shows its error."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         if r.get("error"):
-            lines.append(f"| {r['method']} | {r['setting']} | error: {r['error']} | | | | | | |")
-            continue
-        lines.append(f"| {r['method']} | {r['setting']} | {fmt_pct(r['work'])} | {fmt_pct(r['forwards'])} | "
-                     f"{r['speedup']:.2f}x | {r['cpu_speedup']:.2f}x | {fmt_db(r['psnr'])} | {r['ssim']:.4f} | "
-                     f"{fmt_pct(r['knn_accuracy'])} |")
+            lines.append(f"| {r['method']} | {r['setting']} | error: {r['error']} |" + " |" * (len(header) - 3))
+        else:
+            lines.append("| " + " | ".join([r["method"], r["setting"], *cells(r)]) + " |")
     return lines
+
+
+def sweep_table(rows: list[dict]) -> list[str]:
+    header = ["Method", "Setting", "Work", "Forwards", "Speedup (wall)", "Speedup (CPU)", "PSNR dB", "SSIM", "k-NN"]
+    return table(header, rows, lambda r: [fmt_pct(r["work"]), fmt_pct(r["forwards"]), f"{r['speedup']:.2f}x",
+                                  f"{r['cpu_speedup']:.2f}x", fmt_db(r["psnr"]), f"{r['ssim']:.4f}",
+                                  fmt_pct(r["knn_accuracy"])])
 
 
 def _json_safe(value):

@@ -148,6 +148,17 @@ class Bench:
         return RunResult(latent, record["seconds"], record["cpu_seconds"], record["block_cpu_seconds"],
                          record["blocks"], record["block_forwards"], record["evaluations"])
 
+    def _try_run(self, wl: Workload, method: Method, value, steps: int, row: dict) -> RunResult | None:
+        """``run``, with a failure written into ``row`` (and None returned) instead of raised."""
+        try:
+            return self.run(wl, method, value, steps)
+        except BenchError as e:
+            row["error"] = str(e)
+        except Exception as e:  # a bench bug or an unexpected failure: report it, keep going
+            row["error"] = f"{type(e).__name__}: {_first_line(str(e))}"
+            row["traceback"] = traceback.format_exc(limit=4)
+        return None
+
     # -- quality / work / speed on the digits model --------------------------------------------------
     def reference(self, wl: Workload, steps: int) -> dict:
         self.run(wl, None, None, steps)  # warm-up (first-run allocations, imports)
@@ -182,14 +193,8 @@ class Bench:
                 i += 1
                 if row.get("error"):
                     continue
-                try:
-                    result = self.run(wl, m, value, steps)
-                except BenchError as e:
-                    row["error"] = str(e)
-                except Exception as e:  # a bench bug or an unexpected failure: report it, keep going
-                    row["error"] = f"{type(e).__name__}: {_first_line(str(e))}"
-                    row["traceback"] = traceback.format_exc(limit=4)
-                if row.get("error"):
+                result = self._try_run(wl, m, value, steps, row)
+                if result is None:
                     if on_row and round_ == 0:
                         on_row(row)
                     continue
@@ -359,13 +364,8 @@ class Bench:
             for m, zero, row in points:
                 if row.get("error"):
                     continue
-                try:
-                    r = self.run(wl, m, zero, steps)
-                except BenchError as e:
-                    row["error"] = str(e)
-                    continue
-                except Exception as e:
-                    row["error"] = f"{type(e).__name__}: {_first_line(str(e))}"
+                r = self._try_run(wl, m, zero, steps, row)
+                if r is None:
                     continue
                 after = self.run(wl, None, None, steps)
                 bw, bc = (before.seconds + after.seconds) / 2, (before.cpu_seconds + after.cpu_seconds) / 2
