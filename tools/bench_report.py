@@ -205,8 +205,8 @@ def table(header: list[str], rows: list[dict], cells) -> list[str]:
 def sweep_table(rows: list[dict]) -> list[str]:
     header = ["Method", "Setting", "Work", "Forwards", "Speedup (wall)", "Speedup (CPU)", "PSNR dB", "SSIM", "k-NN"]
     return table(header, rows, lambda r: [fmt_pct(r["work"]), fmt_pct(r["forwards"]), f"{r['speedup']:.2f}x",
-                                  f"{r['cpu_speedup']:.2f}x", fmt_db(r["psnr"]), f"{r['ssim']:.4f}",
-                                  fmt_pct(r["knn_accuracy"])])
+                                          f"{r['cpu_speedup']:.2f}x", fmt_db(r["psnr"]), f"{r['ssim']:.4f}",
+                                          fmt_pct(r["knn_accuracy"])])
 
 
 def _json_safe(value):
