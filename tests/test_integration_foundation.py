@@ -60,6 +60,7 @@ def sampler_names(comfy):
     return all_samplers()
 
 
+@pytest.mark.slow
 def test_bit_identical_to_ksampler_for_every_sampler(comfy, sampler_names):
     failures = []
     for name in sampler_names:
