@@ -6,9 +6,11 @@ Pillow and returned as a ComfyUI IMAGE tensor. Nothing here touches ComfyUI.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
@@ -25,7 +27,8 @@ THRESHOLD = (198, 40, 40)
 NO_CHECK = (189, 189, 189)
 
 
-def _font(size: int, bold: bool = False):
+@functools.lru_cache(maxsize=None)
+def _font(size: int):
     try:  # Pillow >= 10.1 with FreeType ships a scalable default font
         return ImageFont.load_default(size=size)
     except TypeError:
@@ -270,8 +273,7 @@ def render(records: Sequence, heading: str | None = None, metric_name: str = "ch
 
 def to_tensor(image: Image.Image) -> torch.Tensor:
     """A PIL image as a ComfyUI IMAGE: [1, H, W, 3] float in 0..1."""
-    data = torch.frombuffer(bytearray(image.convert("RGB").tobytes()), dtype=torch.uint8)
-    return data.view(1, image.height, image.width, 3).float() / 255.0
+    return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / np.float32(255.0)).unsqueeze(0)
 
 
 def tuning_plot(records: Sequence, heading: str | None = None, metric_name: str = "change metric") -> torch.Tensor:

@@ -37,9 +37,10 @@ def plot_output():
         "marked. Connect a Preview Image to pick a threshold; unused otherwise."))
 
 
-def ksampler_inputs() -> list:
-    """KSampler's inputs, with its names, ranges and tooltips, so saved widget values line up."""
-    return [
+def ksampler_inputs(*names: str) -> list:
+    """KSampler's inputs, with its names, ranges and tooltips, so saved widget values line up: all of them
+    in KSampler's order, or the ones named, in the order named."""
+    inputs = [
         io.Model.Input("model", tooltip="The model used for denoising the input latent."),
         io.Int.Input("seed", default=0, min=0, max=0xffffffffffffffff, control_after_generate=True,
                      tooltip="The random seed used for creating the noise."),
@@ -54,6 +55,10 @@ def ksampler_inputs() -> list:
         io.Conditioning.Input("negative", tooltip="The conditioning describing what to exclude from the image."),
         io.Latent.Input("latent_image", tooltip="The latent image to denoise."),
     ]
+    if not names:
+        return inputs
+    by_name = {i.id: i for i in inputs}
+    return [by_name[n] for n in names]
 
 
 def prepare(model, chain: InterceptorChain, node: str, allow_distilled: bool, cache_on_cpu: bool,
@@ -76,6 +81,19 @@ def prepare(model, chain: InterceptorChain, node: str, allow_distilled: bool, ca
     except ValueError as e:
         raise ValueError(f"{node}: {e}") from None
     return patched, report
+
+
+def sample(display_name: str, node_id, model, interceptors, allow_distilled: bool, cache_on_cpu: bool, steps: int,
+           cfg: float, **ksampler) -> io.NodeOutput:
+    """What both Cached Samplers do: validate and install the chain, run ComfyUI's ``common_ksampler`` with
+    the patched model (``ksampler``: its other arguments), and report the run on the node."""
+    node = node_label(display_name, node_id)
+    chain = as_chain(interceptors, node)
+    report = RunReport(node, chain, node_id=node_id)
+    schedule = comfy_adapter.schedule_of(steps, ksampler.get("denoise", 1.0), ksampler.get("start_step", 0))
+    patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report, schedule)
+    (latent,) = comfy_nodes.common_ksampler(patched, steps=steps, cfg=cfg, **ksampler)
+    return io.NodeOutput(latent, report.plot(), ui=report.ui())
 
 
 class CachedSampler(io.ComfyNode):
@@ -102,14 +120,9 @@ class CachedSampler(io.ComfyNode):
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise=1.0, interceptors=None, allow_distilled=False, cache_on_cpu=False) -> io.NodeOutput:
-        node = node_label("Cached Sampler", cls.hidden.unique_id)
-        chain = as_chain(interceptors, node)
-        report = RunReport(node, chain, node_id=cls.hidden.unique_id)
-        patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report,
-                                  comfy_adapter.schedule_of(steps, denoise))
-        (latent,) = comfy_nodes.common_ksampler(patched, seed, steps, cfg, sampler_name, scheduler, positive,
-                                                negative, latent_image, denoise=denoise)
-        return io.NodeOutput(latent, report.plot(), ui=report.ui())
+        return sample("Cached Sampler", cls.hidden.unique_id, model, interceptors, allow_distilled, cache_on_cpu,
+                      steps, cfg, seed=seed, sampler_name=sampler_name, scheduler=scheduler, positive=positive,
+                      negative=negative, latent=latent_image, denoise=denoise)
 
 
 class CachedSamplerAdvanced(io.ComfyNode):
@@ -122,11 +135,12 @@ class CachedSamplerAdvanced(io.ComfyNode):
             description=("A drop-in KSampler (Advanced): start/end steps for two-stage workflows such as Wan 2.2 "
                          "high/low-noise models. Each segment gets its own fresh cache."),
             inputs=[
-                ksampler_inputs()[0],
+                *ksampler_inputs("model"),
                 io.Combo.Input("add_noise", options=["enable", "disable"], tooltip="Whether to add noise to the latent first."),
                 io.Int.Input("noise_seed", default=0, min=0, max=0xffffffffffffffff, control_after_generate=True,
                              tooltip="The random seed used for creating the noise."),
-                *ksampler_inputs()[2:9],
+                *ksampler_inputs("steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
+                                 "latent_image"),
                 io.Int.Input("start_at_step", default=0, min=0, max=10000, tooltip="The step to start denoising at."),
                 io.Int.Input("end_at_step", default=10000, min=0, max=10000, tooltip="The step to stop denoising at."),
                 io.Combo.Input("return_with_leftover_noise", options=["disable", "enable"], tooltip=(
@@ -142,16 +156,11 @@ class CachedSamplerAdvanced(io.ComfyNode):
     def execute(cls, model, add_noise, noise_seed, steps, cfg, sampler_name, scheduler, positive, negative,
                 latent_image, start_at_step, end_at_step, return_with_leftover_noise, interceptors=None,
                 allow_distilled=False, cache_on_cpu=False) -> io.NodeOutput:
-        node = node_label("Cached Sampler (Advanced)", cls.hidden.unique_id)
-        chain = as_chain(interceptors, node)
-        report = RunReport(node, chain, node_id=cls.hidden.unique_id)
-        patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report,
-                                  comfy_adapter.schedule_of(steps, start_step=start_at_step))
-        (latent,) = comfy_nodes.common_ksampler(
-            patched, noise_seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-            denoise=1.0, disable_noise=add_noise == "disable", start_step=start_at_step, last_step=end_at_step,
-            force_full_denoise=return_with_leftover_noise != "enable")
-        return io.NodeOutput(latent, report.plot(), ui=report.ui())
+        return sample("Cached Sampler (Advanced)", cls.hidden.unique_id, model, interceptors, allow_distilled,
+                      cache_on_cpu, steps, cfg, seed=noise_seed, sampler_name=sampler_name, scheduler=scheduler,
+                      positive=positive, negative=negative, latent=latent_image, denoise=1.0,
+                      disable_noise=add_noise == "disable", start_step=start_at_step, last_step=end_at_step,
+                      force_full_denoise=return_with_leftover_noise != "enable")
 
 
 class ApplyInterceptors(io.ComfyNode):

@@ -6,10 +6,12 @@ installed there, else ``~/ComfyUI``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import itertools
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -62,7 +64,9 @@ class StubServer:
 class Comfy:
     """A headless ComfyUI with the pack loaded from a custom_nodes folder by ComfyUI's own loader."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tmp: Path | None = None):
+        """``tmp`` holds ComfyUI's input/output/temp/user folders and the pack's custom_nodes link; without
+        one, a temporary folder removed when the process exits."""
         self.path = path
         self.version = comfyui_version(path)
         sys.path.insert(0, str(path))
@@ -76,7 +80,10 @@ class Comfy:
         import nodes
         self.nodes = nodes
         self.folder_paths = folder_paths
-        self.tmp = Path(tempfile.mkdtemp(prefix="cached-sampler-tests-"))
+        if tmp is None:
+            tmp = Path(tempfile.mkdtemp(prefix="cached-sampler-"))
+            atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        self.tmp = tmp
         for name in ("output", "temp", "input", "user"):
             (self.tmp / name).mkdir()
         folder_paths.set_output_directory(str(self.tmp / "output"))

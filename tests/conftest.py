@@ -7,6 +7,7 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # nodes shared with the bench
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comfy_harness import Comfy, comfyui_version, find_comfyui  # noqa: E402
@@ -23,11 +24,11 @@ def pytest_report_header(config):
 
 
 @pytest.fixture(scope="session")
-def comfy():
+def comfy(tmp_path_factory):
     global _COMFY
     if _COMFY is None:
         path = find_comfyui()
         if path is None:
             pytest.skip("no ComfyUI found (COMFYUI_PATH, ../../ when installed in custom_nodes, or ~/ComfyUI)")
-        _COMFY = Comfy(path)
+        _COMFY = Comfy(path, tmp_path_factory.mktemp("comfy"))
     return _COMFY

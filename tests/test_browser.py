@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comfy_harness import PACK_DIR_NAME, find_comfyui  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 PLAYWRIGHT = ROOT / ".browser" / "node_modules"
 WORKFLOW = "tiny_digits_tuning_plot"

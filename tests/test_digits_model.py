@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEIGHTS = os.path.join(ROOT, "assets", "tiny_flux_digits.safetensors")
 

@@ -74,6 +74,7 @@ NEVER_SKIPS = {
 }
 
 
+@pytest.mark.slow
 def test_bit_identical_to_ksampler_for_every_sampler_with_chains_that_never_skip(comfy, sampler_names):
     failures, evaluations = [], {}
     for name in sampler_names:

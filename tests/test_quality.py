@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 STEPS = 20
 
 

@@ -280,6 +280,7 @@ def test_compiling_after_apply_interceptors_is_refused_when_the_run_starts(comfy
     assert CAPTURED["work"]["forwards"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("chain", ["fixed_cadence", "adaptive", "cadence+taylorseer"])
 def test_whole_model_caching_on_a_compiled_model_equals_the_uncompiled_run(comfy, dynamo_reset, backend, chain):

@@ -494,6 +494,7 @@ def dbcache_taylor(prompt):
     return graphs.config(prompt, "ts", "CachedSamplerTaylorSeer", upstream=dbcache(prompt), order=2)
 
 
+@pytest.mark.slow
 def test_no_memory_growth_across_50_prompts_with_caching_that_skips(comfy):
     ex = comfy.executor(cache=True)
     counts, rss = [], []

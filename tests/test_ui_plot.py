@@ -47,6 +47,9 @@ def test_returns_comfy_image_tensor():
     t = plot.tuning_plot(records(), heading="Cached Sampler (node 3): First Block Cache")
     assert t.shape == (1, plot.HEIGHT, plot.WIDTH, 3) and t.dtype == torch.float32
     assert 0.0 <= float(t.min()) and float(t.max()) <= 1.0
+    image = plot.render(records(), heading="Cached Sampler (node 3): First Block Cache")
+    pixel_bytes = torch.tensor(list(image.tobytes()), dtype=torch.float32).view(1, plot.HEIGHT, plot.WIDTH, 3)
+    assert torch.equal(t, pixel_bytes / 255.0), "every pixel, in row-major RGB order"
 
 
 def test_empty_chain_gives_small_image_saying_so():

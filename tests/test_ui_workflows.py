@@ -190,3 +190,18 @@ def test_converter_refuses_unknown_nodes_and_short_widget_lists():
         workflow_api.workflow_to_api({"nodes": [node(1, "Missing")], "links": []}, DEFS)
     with pytest.raises(workflow_api.WorkflowError, match="widget values"):
         workflow_api.workflow_to_api({"nodes": [node(1, "Sampler", widgets=[1, 20])], "links": []}, DEFS)
+
+
+def test_workflow_api_command_line(comfy, tmp_path):
+    """``workflow_api.py --help`` answers, and the command turns a saved workflow into its prompt."""
+    import subprocess
+    script = ROOT / "tools" / "workflow_api.py"
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "object_info" in shown.stdout
+    defs = tmp_path / "object_info.json"
+    defs.write_text(json.dumps(workflow_api.object_info()))
+    made = subprocess.run([sys.executable, str(script), str(EXAMPLES / f"{RUNNABLE}.json"), str(defs)],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    prompt = json.loads(made.stdout)
+    assert any(node["class_type"] == "CachedSampler" for node in prompt.values())

@@ -1,12 +1,12 @@
-"""Test-only nodes: load a tiny real-architecture model, its conditioning and latent, and capture results.
+"""Test-only nodes: load a tiny real-architecture model, its conditioning and latent, and capture results
+(the counting and capturing nodes are the bench's, tools/work_nodes.py).
 
 Registered into ComfyUI by the test harness (never shipped to users).
 """
 from __future__ import annotations
 
 import tiny_models
-
-CAPTURED: dict = {}
+from work_nodes import CAPTURED, CaptureLatent, CountWork, transformer_options_of
 
 
 class TinyModel:
@@ -50,75 +50,21 @@ class TinyLatent:
         return (tiny_models.latent(family, batch=batch, seed=None if seed < 0 else seed),)
 
 
-class CaptureLatent:
-    """Stores the latent under ``key`` for the test to read; re-runs on every prompt."""
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"samples": ("LATENT",), "key": ("STRING", {"default": "out"})}}
-
-    RETURN_TYPES = ()
-    FUNCTION = "capture"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    @classmethod
-    def IS_CHANGED(cls, **kwargs):
-        return float("nan")
-
-    def capture(self, samples, key):
-        CAPTURED[key] = samples["samples"].clone()
-        return {}
-
-
 TEST_NODES = {"TestTinyModel": TinyModel, "TestTinyConditioning": TinyConditioning, "TestTinyLatent": TinyLatent,
               "TestCaptureLatent": CaptureLatent}
 
 
-class CountModelWork:
-    """Counts real model work: diffusion-model forwards and transformer-block executions.
-
-    Registered on the model before any interceptor, so block counters sit under the interceptors'
-    replacements (which chain to them) and only see blocks that really ran.
-    """
+class CountModelWork(CountWork):
+    """Counts the model work of a tiny ``family`` model (see work_nodes.count_work)."""
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",), "family": (list(tiny_models.FAMILIES),),
-                             "key": ("STRING", {"default": "work"})}}
+        spec = CountWork.INPUT_TYPES()
+        spec["required"]["family"] = (list(tiny_models.FAMILIES),)
+        return spec
 
-    RETURN_TYPES = ("MODEL",)
-    FUNCTION = "patch"
-    CATEGORY = "testing"
-
-    @classmethod
-    def IS_CHANGED(cls, **kwargs):
-        return float("nan")
-
-    def patch(self, model, family, key):
-        import comfy.patcher_extension
-        counts = CAPTURED.setdefault(key, {"forwards": 0, "blocks": 0, "rows": 0, "negative_rows": []})
-        counts["forwards"] = counts["blocks"] = counts["rows"] = 0
-        counts["negative_rows"] = []  # per forward: how many of its batch rows were the negative branch's
-        m = model.clone()
-
-        def count_forward(executor, *args, **kwargs):
-            counts["forwards"] += 1
-            counts["rows"] += args[0].shape[0]
-            options = _transformer_options(args, kwargs)
-            branches = options.get("cond_or_uncond") or [0]
-            counts["negative_rows"].append(args[0].shape[0] // len(branches) * branches.count(1))
-            return executor(*args, **kwargs)
-
-        def count_block(args, extra):
-            counts["blocks"] += 1
-            return extra["original_block"](args)
-
-        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_count", count_forward)
-        for name, n in tiny_models.block_groups(family).items():
-            for i in range(n):
-                m.set_model_patch_replace(count_block, "dit", name, i)
-        return (m,)
+    def groups(self, model, family, **inputs) -> dict[str, int]:
+        return tiny_models.block_groups(family)
 
 
 TEST_NODES["TestCountModelWork"] = CountModelWork
@@ -283,14 +229,6 @@ def _branch_rows(x, transformer_options, branch):
     return mask
 
 
-def _transformer_options(args, kwargs):
-    opts = kwargs.get("transformer_options")
-    if isinstance(opts, dict):
-        return opts
-    for a in reversed(args):
-        if isinstance(a, dict) and "cond_or_uncond" in a:
-            return a
-    return {}
 
 
 @_fresh
@@ -321,7 +259,7 @@ class NaNAt:
             counter["n"] += 1
             if n == at:
                 x = x.clone()
-                x[_branch_rows(x, _transformer_options(args, kwargs), branch)] = float("nan")
+                x[_branch_rows(x, transformer_options_of(args, kwargs), branch)] = float("nan")
             return executor(x, *args, **kwargs)
 
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, "test_nan", outer)
@@ -428,7 +366,7 @@ class BlockLog:
         groups = tiny_models.block_groups(family)
 
         def forward(executor, *args, **kwargs):
-            opts = _transformer_options(args, kwargs)
+            opts = transformer_options_of(args, kwargs)
             slots = opts.get("patches_replace", {}).get("dit", {})
             foreign = sorted(k for k in slots if not hasattr(slots[k], "cached_sampler_position")
                              and not getattr(slots[k], "test_block_log", False))

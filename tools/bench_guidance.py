@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 import bench_metrics  # noqa: E402
 import bench_nodes  # noqa: E402
+from work_nodes import CAPTURED  # noqa: E402
 
 TARGETS = (35.0, 40.0, 45.0)
 GUIDANCE_ESTIMATES = ("difference forecast", "difference", "negative forecast", "negative reuse")
@@ -58,7 +59,7 @@ def chain_nodes(cadence: int | None, guidance: dict | None) -> tuple[dict, str |
 
 def prompt_for(args, key: str, cadence=None, guidance=None) -> dict:
     prompt = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": args.digits}},
-              "work": {"class_type": "BenchCountWork", "inputs": {"model": ["digits", 0], "key": key}}}
+              "work": {"class_type": "BenchCountWork", "inputs": {"model": ["digits", 0], "key": key + "w"}}}
     extra, last = chain_nodes(cadence, guidance)
     prompt.update(extra)
     inputs = {"model": ["work", 0], "seed": args.seed, "steps": args.steps, "cfg": args.cfg, "sampler_name": "euler",
@@ -90,7 +91,7 @@ class Runner:
         self.n += 1
         key = f"guidance{self.n}"
         self.comfy.run(prompt_for(self.args, key, cadence, guidance), executor=self.executor)
-        record, latent = bench_nodes.RECORDS.pop(key), bench_nodes.CAPTURED.pop(key)
+        record, latent = CAPTURED.pop(key + "w"), CAPTURED.pop(key)
         return {"latent": latent, "images": self.digits.decode(latent.float()), "block_rows": record["block_rows"],
                 "blocks": record["blocks"]}
 

@@ -1,24 +1,12 @@
-"""Bench-only ComfyUI nodes: count the model work a run really does, time it, capture its latent,
-and build a heavier random-weight Flux for the overhead workload.
-
-Registered into ComfyUI by ``tools/bench.py`` (never shipped to users). The counting node clones the
-model and registers its hooks *before* any caching method sees the model, so:
-
-* its ``patches_replace["dit"]`` block counters sit under the pack's block replacements, which chain
-  to them and only call them for blocks that really run; whole-forward skips (the pack's Adaptive
-  Cache and Fixed Cadence, ComfyUI's EasyCache/LazyCache) run no block at all;
-* its ``OUTER_SAMPLE`` wrapper is the outermost one and times the whole sampling run; the block counters
-  also time the blocks themselves, so the time spent around them (sampler, embedders, every hook) is
-  known separately.
+"""Bench-only ComfyUI nodes: count the model work a run really does and capture its results (the nodes
+shared with the tests, tools/work_nodes.py), keep a planned chain, and build a heavier random-weight Flux
+for the overhead workload. Registered into ComfyUI by ``tools/bench.py`` (never shipped to users).
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
-RECORDS: dict = {}
-CAPTURED: dict = {}
+from work_nodes import CaptureLatent, CountWork, capture_node
 
 
 def block_groups(model) -> dict[str, int]:
@@ -32,97 +20,17 @@ def block_groups(model) -> dict[str, int]:
     return groups
 
 
-class BenchCountWork:
-    """Counts real model work (block executions, forwards that ran, sampler evaluations) and times
-    the sampling run; re-runs on every prompt so every run starts from zero."""
+class BenchCountWork(CountWork):
+    """Counts the work of a run on the bench's Flux models (blocks found on the model)."""
 
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",), "key": ("STRING", {"default": "work"})},
-                "optional": {"copy_input": ("BOOLEAN", {"default": False})}}
-
-    RETURN_TYPES = ("MODEL",)
-    FUNCTION = "patch"
-    CATEGORY = "testing"
-
-    @classmethod
-    def IS_CHANGED(cls, **kwargs):
-        return float("nan")
-
-    def patch(self, model, key, copy_input=False):
-        from comfy.patcher_extension import WrappersMP
-
-        record = {"blocks": 0, "block_rows": 0, "forwards": 0, "evaluations": 0, "runs": 0, "seconds": 0.0,
-                  "cpu_seconds": 0.0, "block_seconds": 0.0, "block_cpu_seconds": 0.0}
-        RECORDS[key] = record
-        m = model.clone()
-        groups = block_groups(m)
-        first = next(iter(groups), None)
-
-        def timed_sample(executor, *args, **kwargs):
-            started, cpu_started = time.perf_counter(), time.process_time()
-            try:
-                return executor(*args, **kwargs)
-            finally:
-                record["seconds"] += time.perf_counter() - started
-                record["cpu_seconds"] += time.process_time() - cpu_started
-                record["runs"] += 1
-
-        def count_evaluation(executor, *args, **kwargs):
-            record["evaluations"] += 1
-            return executor(*args, **kwargs)
-
-        def counter(is_first):
-            def count_block(args, extra):
-                record["blocks"] += 1
-                record["block_rows"] += args["img"].shape[0]  # the work metric: block executions x batch rows
-                if is_first:
-                    record["forwards"] += 1
-                started, cpu_started = time.perf_counter(), time.process_time()
-                try:
-                    return extra["original_block"](args)
-                finally:  # time in the block itself: what remains of a run is everything around the blocks
-                    record["block_seconds"] += time.perf_counter() - started
-                    record["block_cpu_seconds"] += time.process_time() - cpu_started
-            return count_block
-
-        def copied_input(executor, x, *args, **kwargs):
-            # Hands the diffusion model a copy of its input, as a cast to a reduced-precision model dtype
-            # does; for peers that write into the input in place (see the README, "Measured results").
-            return executor(x.clone(), *args, **kwargs)
-
-        m.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, "bench_work", timed_sample)
-        if copy_input:
-            m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "bench_work", copied_input)
-        m.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, "bench_work", count_evaluation)
-        for name, n in groups.items():
-            for i in range(n):
-                m.set_model_patch_replace(counter(name == first and i == 0), "dit", name, i)
-        return (m,)
+    def groups(self, model, **inputs) -> dict[str, int]:
+        return block_groups(model)
 
 
-def _capture_node(name: str, doc: str, input_name: str, spec: tuple, keep) -> type:
-    """An output node that stores ``keep(value)`` under its ``key`` input on every prompt (never cached)."""
-
-    def capture(self, key, **inputs):
-        CAPTURED[key] = keep(inputs[input_name])
-        return {}
-
-    return type(name, (), {
-        "__doc__": doc,
-        "INPUT_TYPES": classmethod(lambda cls: {"required": {input_name: spec, "key": ("STRING", {"default": input_name})}}),
-        "RETURN_TYPES": (), "FUNCTION": "capture", "OUTPUT_NODE": True, "CATEGORY": "testing",
-        "IS_CHANGED": classmethod(lambda cls, **kwargs: float("nan")),
-        "capture": capture,
-    })
-
-
-BenchCaptureLatent = _capture_node("BenchCaptureLatent", "Stores the latent under ``key``.", "samples", ("LATENT",),
-                                   lambda latent: latent["samples"].detach().clone())
-BenchCaptureText = _capture_node("BenchCaptureText", "Stores a STRING output (e.g. MagCache Calibrate's ratios).",
-                                 "text", ("STRING", {"forceInput": True}), lambda text: text)
-BenchCaptureChain = _capture_node("BenchCaptureChain", "Stores an interceptor chain (e.g. Auto Calibrate's plan).",
-                                  "chain", ("CACHED_SAMPLER_CHAIN",), lambda chain: chain)
+BenchCaptureText = capture_node("BenchCaptureText", "Stores a STRING output (e.g. MagCache Calibrate's ratios).",
+                                "text", ("STRING", {"forceInput": True}), lambda text: text)
+BenchCaptureChain = capture_node("BenchCaptureChain", "Stores an interceptor chain (e.g. Auto Calibrate's plan).",
+                                 "chain", ("CACHED_SAMPLER_CHAIN",), lambda chain: chain)
 
 
 class BenchChain:
@@ -176,7 +84,7 @@ class BenchRandomFlux:
 
 _PACK = ""  # the pack's package name as ComfyUI imported it; set by register()
 
-BENCH_NODES = {"BenchCountWork": BenchCountWork, "BenchCaptureLatent": BenchCaptureLatent,
+BENCH_NODES = {"BenchCountWork": BenchCountWork, "BenchCaptureLatent": CaptureLatent,
                "BenchCaptureText": BenchCaptureText, "BenchCaptureChain": BenchCaptureChain,
                "BenchChain": BenchChain, "BenchRandomFlux": BenchRandomFlux}
 

@@ -1,20 +1,49 @@
 #!/usr/bin/env bash
-# Install what the pack's tests and tools need into the current python, without touching a working torch.
-# ComfyUI itself is not on PyPI: point COMFYUI_PATH at a checkout (or keep one at ~/ComfyUI); its
-# requirements are installed from there (torchvision/torchaudio are left out: nothing here needs them).
+# Install what the pack's tests, demo and tools need into the current python, without touching a working torch.
+# ComfyUI itself is not on PyPI: point COMFYUI_PATH at a checkout (or keep one at ~/ComfyUI, or install the
+# pack in its custom_nodes/); its requirements are installed from there, then ComfyUI is imported once to
+# install what it imports without listing it (tools/check_comfy_imports.py).
 set -euo pipefail
 PY=${PYTHON:-python3}
-quiet() { "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v -i "running pip as the 'root' user" || true; }
-"$PY" -c "import torch" 2>/dev/null || quiet torch==2.13.0
-"$PY" -c "import pytest, sklearn" 2>/dev/null || quiet "pytest>=8" "scikit-learn>=1.3"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+quiet() {  # pip install, its exit status kept, without the root-user warning
+  local log rc=0
+  log=$("$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1) || rc=$?
+  printf '%s\n' "$log" | grep -v -i -e "running pip as the 'root' user" -e "^WARNING: Location 'file:" -e '^$' >&2 || true
+  return $rc
+}
+installed() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1" 2>/dev/null; }
+
+# One torch: a matching torch/torchvision pair when there is none (torchvision 0.29 is built for torch 2.14),
+# else the torch already there is kept and every later install is pinned to it.
+TORCH=2.14.1 TORCHVISION=0.29.1
+"$PY" -c "import torch" 2>/dev/null || quiet "torch==$TORCH" "torchvision==$TORCHVISION"
+TORCH_NOW=$(installed torch) || { echo "setup: torch did not install" >&2; exit 1; }
+PIN="torch==$TORCH_NOW"
+"$PY" -c "import torchvision" 2>/dev/null || quiet torchvision "$PIN" \
+  || echo "setup: no torchvision matches torch $TORCH_NOW; ComfyUI's upscale-model nodes will not load." >&2
+# torchaudio is released with torch's own version number; none exists after 2.11, so with a newer torch
+# ComfyUI's audio nodes print IMPORT FAILED (the pack does not use them).
+"$PY" -c "import torchaudio" 2>/dev/null || quiet "torchaudio==${TORCH_NOW%.*}.*" "$PIN" 2>/dev/null \
+  || echo "setup: no torchaudio release matches torch $TORCH_NOW; ComfyUI's audio nodes will not load (not needed here)." >&2
+quiet "pytest>=8" "scikit-learn>=1.3" "$PIN"
+
 COMFY=${COMFYUI_PATH:-}
-if [ -z "$COMFY" ] && [ "$(basename "$(dirname "$PWD")")" = custom_nodes ]; then COMFY=$(dirname "$(dirname "$PWD")"); fi
+if [ -z "$COMFY" ] && [ "$(basename "$(dirname "$(dirname "$HERE")")")" = custom_nodes ]; then
+  COMFY=$(dirname "$(dirname "$(dirname "$HERE")")")
+fi
 [ -n "$COMFY" ] || COMFY="$HOME/ComfyUI"
 if [ -f "$COMFY/requirements.txt" ]; then
-  if ! "$PY" -c "import aiohttp, einops, safetensors, torchsde, av, comfy_kitchen, alembic, spandrel" 2>/dev/null; then
-    grep -v -E '^(torch|torchvision|torchaudio)([<>=~ ].*)?$' "$COMFY/requirements.txt" > /tmp/cached-sampler-comfy-req.txt
-    quiet -r /tmp/cached-sampler-comfy-req.txt
-  fi
+  quiet -r <(grep -v -E '^(torch|torchvision|torchaudio)([<>=~ ].*)?$' "$COMFY/requirements.txt") "$PIN"
+  ok=
+  for _ in 1 2 3 4 5; do
+    if report=$("$PY" "$HERE/check_comfy_imports.py" "$COMFY"); then ok=1; break; fi
+    case $report in missing:*) ;; *) break ;; esac
+    echo "setup: ComfyUI imports '${report#missing: }' without listing it; installing it." >&2
+    quiet "${report#missing: }" "$PIN"
+  done
+  [ -n "$ok" ] || { echo "setup: ComfyUI does not import (${report:-see above})." >&2; exit 1; }
+  [ -z "$report" ] || echo "setup: $report" >&2
 else
   echo "setup: no ComfyUI at $COMFY (set COMFYUI_PATH); integration tests will be skipped." >&2
 fi

@@ -179,12 +179,19 @@ def object_info() -> dict:
     return asyncio.run(fetch())
 
 
-if __name__ == "__main__":
-    import sys
-    if len(sys.argv) != 3:
-        sys.exit("usage: workflow_api.py WORKFLOW.json OBJECT_INFO.json")
-    with open(sys.argv[1], encoding="utf-8") as f:
+def main(argv=None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workflow", help="a UI-format workflow (.json), as the frontend saves it")
+    parser.add_argument("object_info", help="node definitions saved from a server's /object_info (.json)")
+    args = parser.parse_args(argv)
+    with open(args.workflow, encoding="utf-8") as f:
         wf = json.load(f)
-    with open(sys.argv[2], encoding="utf-8") as f:
+    with open(args.object_info, encoding="utf-8") as f:
         defs = json.load(f)
     print(json.dumps(workflow_to_api(wf, defs), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,255 @@
+"""The bench's analysis (best work reduction at each PSNR target, comparison with ComfyUI's own caching
+nodes) and its report: results.md, results.json and the Pareto plot."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+TARGETS = (30.0, 31.0, 35.0, 40.0, 45.0)
+VERSUS_LEVELS = tuple(float(v) for v in range(30, 46))
+
+
+# ------------------------------------------------------------------------------- analysis ----
+
+def best_point(rows: list[dict], level: float) -> tuple[float, dict | None]:
+    """The largest work reduction among ``rows`` with PSNR >= level, and its row (0 and None when only the
+    uncached run qualifies: every method reproduces it with caching switched off)."""
+    best, where = 0.0, None
+    for r in rows:
+        if r.get("error") or r.get("psnr") is None or r.get("work") is None:
+            continue
+        if r["psnr"] >= level and 1.0 - r["work"] > best + 1e-12:
+            best, where = 1.0 - r["work"], r
+    return best, where
+
+
+def best_reduction(rows: list[dict], level: float) -> float:
+    return best_point(rows, level)[0]
+
+
+def analyse(rows: list[dict]) -> dict:
+    by_method: dict[str, list] = {}
+    for r in rows:
+        by_method.setdefault(r["method"], []).append(r)
+    targets = {m: {f"{t:g}": best_reduction(rs, t) for t in TARGETS} for m, rs in by_method.items()}
+    settings = {m: {f"{t:g}": (best_point(rs, t)[1] or {}).get("value") for t in TARGETS}
+                for m, rs in by_method.items()}
+    peers = {m: rs for m, rs in by_method.items() if rs[0]["source"] != "pack"}
+    core = {m: rs for m, rs in peers.items() if rs[0]["source"] == "ComfyUI core"}
+    versus = {}
+    for m, rs in by_method.items():
+        if m in core:
+            continue
+        versus[m] = {}
+        for p, prs in core.items():
+            better = equal = worse = 0
+            for level in VERSUS_LEVELS:
+                a, b = best_reduction(rs, level), best_reduction(prs, level)
+                if a > b + 1e-9:
+                    better += 1
+                elif a < b - 1e-9:
+                    worse += 1
+                else:
+                    equal += 1
+            versus[m][rows_family(prs)] = {"better": better, "equal": equal, "worse": worse,
+                                           "beats": worse == 0 and better > 0}
+    return {"targets": targets, "target_settings": settings, "versus": versus}
+
+
+def rows_family(rows: list[dict]) -> str:
+    return rows[0]["family"]
+
+
+# -------------------------------------------------------------------------------- report ----
+
+def _rounds(meta: dict) -> list[tuple[int, int]]:
+    reps = meta["repeats"]
+    return [(s, reps[min(i, len(reps) - 1)]) for i, s in enumerate(meta["steps"])]
+
+
+def fmt_pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def fmt_db(x) -> str:
+    if x is None:
+        return "-"
+    return "inf (identical)" if math.isinf(x) else f"{x:.2f}"
+
+
+def markdown(results: dict) -> str:
+    meta = results["meta"]
+    lines = [
+        "# Cached Sampler bench",
+        "",
+        f"Measured with `{meta['command']}` on {meta['platform']}, torch {meta['torch']} "
+        f"({meta['threads']} thread), ComfyUI {meta['comfyui']}"
+        + (f", pack at {meta['pack_commit']}" if meta.get("pack_commit") else "")
+        + f"; total {meta['seconds'] / 60:.1f} min.",
+        "",
+        f"Workload: the pack's tiny Flux trained on 8x8 digits (Tiny Digits Model node), one image per class "
+        f"(batch {len(meta['digits'])}), {meta['sampler']}/{meta['scheduler']}, cfg {meta['cfg']:g}, seed "
+        f"{meta['seed']}. **Work** = transformer-block executions times the batch rows they ran on, counted "
+        f"on the model, relative to the uncached run (whole-forward skips run no block; a block run on the "
+        f"positive rows only, as the Guidance Cache does, counts half). **Speedup** = wall-clock sampling time of the uncached "
+        f"run / this run (baseline and method runs alternated, each method run against the mean of the baseline "
+        f"runs around it; median over " + ", ".join(f"{r} at {s} steps" for s, r in _rounds(meta)) + " rounds). "
+        "PSNR/SSIM of "
+        f"the decoded images against the uncached run; k-NN = share of digits a k-NN on sklearn's digits "
+        f"recognises as the prompted class (uncached: "
+        + ", ".join(f"{s} steps {fmt_pct(w['baseline']['knn_accuracy'])}" for s, w in results["digits"].items())
+        + ").",
+        "",
+    ]
+    for steps, w in results["digits"].items():
+        lines += [f"## Best work reduction at a PSNR target, {steps} steps", "",
+                  "Largest share of block work saved by any swept setting whose output stays at or above the "
+                  "PSNR (dB). *vs EasyCache / LazyCache*: over every PSNR level 30, 31, ..., 45 dB, at how many "
+                  "levels the method saves more / the same / less than ComfyUI's node; **beats** = never less "
+                  "and more at least once.", ""]
+        lines += targets_table(results, steps)
+        lines.append("")
+    lines += ["## Overhead when nothing is skipped", ""]
+    lines += overhead_table(results)
+    lines.append("")
+    lines += tiny_overhead_table(results)
+    for steps, w in results["digits"].items():
+        b = w["baseline"]
+        lines += [f"## Full sweep, {steps} steps", "",
+                  f"Uncached: {b['seconds']:.2f} s per run, {b['forwards']} forwards, {b['blocks']} block executions, "
+                  f"k-NN {fmt_pct(b['knn_accuracy'])}.", ""]
+        lines += sweep_table(w["rows"])
+        lines.append("")
+    if results.get("skipped"):
+        lines += ["## Found but not benchmarked", ""]
+        lines += [f"* `{s['node']}`: {s['why']}" for s in results["skipped"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def targets_table(results: dict, steps: str) -> list[str]:
+    w = results["digits"][steps]
+    targets, versus = w["targets"], w["versus"]
+    peers = sorted({p for v in versus.values() for p in v})
+    head = "| Method | " + " | ".join(f">= {t:g} dB" for t in TARGETS) + "".join(f" | vs {p}" for p in peers) + " |"
+    lines = [head, "|" + "---|" * (1 + len(TARGETS) + len(peers))]
+    settings = w.get("target_settings", {})
+    for method, t in targets.items():
+        where = settings.get(method, {})
+        cells = [fmt_pct(t[f"{x:g}"]) + (f" ({where[f'{x:g}']:g})" if where.get(f"{x:g}") is not None else "")
+                 for x in TARGETS]
+        for p in peers:
+            v = versus.get(method, {}).get(p)
+            cells.append("-" if v is None else (f"**beats** ({v['better']}/{v['equal']}/{v['worse']})" if v["beats"]
+                                                else f"{v['better']}/{v['equal']}/{v['worse']}"))
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def overhead_table(results: dict) -> list[str]:
+    o = results.get("overhead")
+    if not o:
+        return ["(not measured)"]
+    m = o["model"]
+    tokens = (o["image"] // 16) ** 2
+    lines = [f"Random-weight Flux built through ComfyUI's classes (hidden {m['hidden_size']}, {m['depth']} double + "
+             f"{m['depth_single_blocks']} single blocks), {o['image']}x{o['image']} image ({tokens} image tokens), "
+             f"{o['steps']} steps, cfg {o['cfg']:g}: uncached {o['baseline_seconds']:.2f} s per run, "
+             f"{1000 * o['baseline_seconds'] / o['steps']:.0f} ms per step. Each method at the setting that skips "
+             f"nothing; TaylorSeer's own cost shown chained to Fixed Cadence and First Block Cache. **Overhead** = "
+             f"CPU time the method adds around the transformer blocks (the blocks do the same work in both runs, so "
+             f"their timing noise is taken out), as a share of the uncached run: median over {o['repeats']} rounds, "
+             f"baseline and method runs alternated. *Total CPU* = the plain difference of the runs' CPU times, "
+             f"which the machine's other load moves by a few percent either way.",
+             ""]
+    return lines + table(["Method", "Setting", "Overhead", "ms per step", "Total CPU (noisy)", "Output identical"],
+                         o["rows"], lambda r: [f"{r['overhead_percent']:+.2f}%", f"{r['overhead_ms_per_step']:+.2f}",
+                                               f"{r['total_cpu_overhead_percent']:+.1f}%",
+                                               "yes" if r["identical"] else "no"])
+
+
+def tiny_overhead_table(results: dict) -> list[str]:
+    """The same measure on the digits model, from the sweep's settings that skip nothing."""
+    steps_list = list(results["digits"])
+    per_method: dict[str, dict] = {}
+    for steps in steps_list:
+        for r in results["digits"][steps]["rows"]:
+            if r.get("overhead_ms_per_step") is not None:
+                per_method.setdefault(r["method"], {})[steps] = r
+    if not per_method:
+        return []
+    base = {s: results["digits"][s]["baseline"]["seconds"] * 1000 / int(s) for s in steps_list}
+    lines = ["On the digits model itself, where a step takes only "
+             + ", ".join(f"{base[s]:.0f} ms ({s} steps)" for s in steps_list)
+             + ", the same measure from the sweep's settings that skip nothing (one round, so rougher):", "",
+             "| Method | " + " | ".join(f"{s} steps" for s in steps_list) + " |",
+             "|---|" + "---|" * len(steps_list)]
+    for method, by_steps in per_method.items():
+        cells = [f"{by_steps[s]['overhead_ms_per_step']:+.2f} ms ({by_steps[s]['overhead_percent']:+.1f}%)"
+                 if s in by_steps else "-" for s in steps_list]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def table(header: list[str], rows: list[dict], cells) -> list[str]:
+    """A markdown table of result rows: method, setting, then ``cells(row)``; a failed row shows its error."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['method']} | {r['setting']} | error: {r['error']} |" + " |" * (len(header) - 3))
+        else:
+            lines.append("| " + " | ".join([r["method"], r["setting"], *cells(r)]) + " |")
+    return lines
+
+
+def sweep_table(rows: list[dict]) -> list[str]:
+    header = ["Method", "Setting", "Work", "Forwards", "Speedup (wall)", "Speedup (CPU)", "PSNR dB", "SSIM", "k-NN"]
+    return table(header, rows, lambda r: [fmt_pct(r["work"]), fmt_pct(r["forwards"]), f"{r['speedup']:.2f}x",
+                                          f"{r['cpu_speedup']:.2f}x", fmt_db(r["psnr"]), f"{r['ssim']:.4f}",
+                                          fmt_pct(r["knn_accuracy"])])
+
+
+def _json_safe(value):
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return None
+        return value
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _from_json(value):
+    if value in ("inf", "-inf"):
+        return math.inf if value == "inf" else -math.inf
+    if isinstance(value, dict):
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def load_results(path: Path) -> dict:
+    """A results.json read back (PSNR "inf" -> float inf)."""
+    return _from_json(json.loads(Path(path).read_text()))
+
+
+def write_outputs(results: dict, out: Path, plot: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if plot:
+        try:
+            import bench_plot
+            bench_plot.pareto(results, out / "pareto.png")
+            results["meta"]["plot"] = "pareto.png"
+        except Exception as e:  # the numbers matter more than the picture
+            results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
+    text = markdown(results)
+    if results["meta"].get("plot"):
+        text = text.replace("## Overhead", "![PSNR against block work](pareto.png)\n\n## Overhead", 1)
+    (out / "results.md").write_text(text + "\n")
+    (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1, allow_nan=False) + "\n")

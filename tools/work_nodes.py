@@ -1,0 +1,132 @@
+"""ComfyUI nodes that watch a sampling run from outside the pack, shared by the bench and the tests: count
+the model work it really did, time it, and capture its results. Never shipped to users.
+
+Both store into ``CAPTURED[key]``. The counting node clones the model and registers its hooks *before* any
+caching method sees the model, so:
+
+* its ``patches_replace["dit"]`` block counters sit under the pack's block replacements, which chain to
+  them and only call them for blocks that really run; whole-forward skips run no block at all;
+* its ``OUTER_SAMPLE`` wrapper is the outermost one and times the whole sampling run; the block counters
+  also time the blocks themselves, so the time spent around them (sampler, embedders, every hook) is
+  known separately.
+"""
+from __future__ import annotations
+
+import time
+
+CAPTURED: dict = {}
+
+
+def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = False):
+    """A clone of ``model`` that counts into ``record`` (reset here): ``blocks`` executed and ``block_rows``
+    (block executions times the batch rows they ran on: the work metric), ``forwards`` (diffusion-model calls
+    that reached the model), their batch ``rows`` and, per forward, its ``negative_rows`` (rows of the negative
+    CFG branch), ``block_forwards`` (forwards whose first block ran),
+    sampler ``evaluations``, sampling ``runs`` and their wall/CPU ``seconds``, and the time spent inside
+    blocks. ``groups`` is ``{patches_replace["dit"] name: block count}``. With ``copy_input`` the diffusion
+    model gets a copy of its input, as a cast to a reduced-precision model dtype makes anyway (for methods
+    that write into it in place)."""
+    from comfy.patcher_extension import WrappersMP
+
+    record.clear()
+    record.update(blocks=0, block_rows=0, forwards=0, rows=0, negative_rows=[], block_forwards=0, evaluations=0, runs=0, seconds=0.0, cpu_seconds=0.0,
+                  block_seconds=0.0, block_cpu_seconds=0.0)
+    m = model.clone()
+    first = next(iter(groups), None)
+
+    def timed_sample(executor, *args, **kwargs):
+        started, cpu_started = time.perf_counter(), time.process_time()
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            record["seconds"] += time.perf_counter() - started
+            record["cpu_seconds"] += time.process_time() - cpu_started
+            record["runs"] += 1
+
+    def count_evaluation(executor, *args, **kwargs):
+        record["evaluations"] += 1
+        return executor(*args, **kwargs)
+
+    def count_forward(executor, x, *args, **kwargs):
+        record["forwards"] += 1
+        record["rows"] += x.shape[0]
+        branches = transformer_options_of(args, kwargs).get("cond_or_uncond") or [0]
+        record["negative_rows"].append(x.shape[0] // len(branches) * branches.count(1))
+        return executor(x.clone() if copy_input else x, *args, **kwargs)
+
+    def counter(is_first):
+        def count_block(args, extra):
+            record["blocks"] += 1
+            stream = args.get("img")
+            record["block_rows"] += stream.shape[0] if stream is not None else 0
+            if is_first:
+                record["block_forwards"] += 1
+            started, cpu_started = time.perf_counter(), time.process_time()
+            try:
+                return extra["original_block"](args)
+            finally:  # time in the block itself: what remains of a run is everything around the blocks
+                record["block_seconds"] += time.perf_counter() - started
+                record["block_cpu_seconds"] += time.process_time() - cpu_started
+        return count_block
+
+    m.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, "count_work", timed_sample)
+    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "count_work", count_forward)
+    m.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, "count_work", count_evaluation)
+    for name, n in groups.items():
+        for i in range(n):
+            m.set_model_patch_replace(counter(name == first and i == 0), "dit", name, i)
+    return m
+
+
+def transformer_options_of(args, kwargs) -> dict:
+    """The transformer_options a diffusion model's forward was handed, by keyword or position."""
+    options = kwargs.get("transformer_options")
+    if isinstance(options, dict):
+        return options
+    return next((a for a in reversed(args) if isinstance(a, dict) and "cond_or_uncond" in a), {})
+
+
+class CountWork:
+    """Counts the model work of every sampling run into ``CAPTURED[key]`` (see ``count_work``); re-runs on
+    every prompt, so every run starts from zero. Subclasses say where the model's blocks are (``groups``)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "key": ("STRING", {"default": "work"})},
+                "optional": {"copy_input": ("BOOLEAN", {"default": False})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def groups(self, model, **inputs) -> dict[str, int]:
+        raise NotImplementedError
+
+    def patch(self, model, key, copy_input=False, **inputs):
+        record = CAPTURED.setdefault(key, {})
+        return (count_work(model, record, self.groups(model, **inputs), copy_input),)
+
+
+def capture_node(name: str, doc: str, input_name: str, spec: tuple, keep) -> type:
+    """An output node that stores ``keep(value)`` under its ``key`` input on every prompt (never cached)."""
+
+    def capture(self, key, **inputs):
+        CAPTURED[key] = keep(inputs[input_name])
+        return {}
+
+    return type(name, (), {
+        "__doc__": doc,
+        "INPUT_TYPES": classmethod(lambda cls: {"required": {input_name: spec,
+                                                             "key": ("STRING", {"default": input_name})}}),
+        "RETURN_TYPES": (), "FUNCTION": "capture", "OUTPUT_NODE": True, "CATEGORY": "testing",
+        "IS_CHANGED": classmethod(lambda cls, **kwargs: float("nan")),
+        "capture": capture,
+    })
+
+
+CaptureLatent = capture_node("CaptureLatent", "Stores the latent under ``key``.", "samples", ("LATENT",),
+                             lambda latent: latent["samples"].detach().clone())
