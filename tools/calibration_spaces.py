@@ -158,8 +158,8 @@ def main(argv=None) -> int:
           f"{min(spreads):.1f} to {max(spreads):.1f} dB (max - min per plan).")
     for r in rows:
         if r["decodes"]:
-            print(f"Decodes, {r['target']:g} dB, seeds {r['seeds']}: {r['decodes']} taking {r['decode_seconds'] * 1e3:.0f} ms "
-                  f"of a {r['seconds']:.1f} s calibration ({r['decode_seconds'] / r['seconds']:.2%}).")
+            print(f"Decodes, {r['target']:g} dB, seeds {r['seeds']}: {r['decodes']} taking "
+                  f"{r['decode_seconds'] * 1e3:.0f} ms of a {r['seconds']:.1f} s calibration ({r['decode_seconds'] / r['seconds']:.2%}).")
     return 0
 
 
