@@ -58,7 +58,7 @@ def decoded(vae, latent: dict) -> torch.Tensor:
 
 
 LATENT_NOTE = (" This is latent, not image, PSNR: how it relates to image quality varies by model (on the bundled "
-               "digits model it reads about 2.6 dB above the decoded images' PSNR). Connect a VAE to measure "
+               "digits model it reads about 2.5 dB above the decoded images' PSNR). Connect a VAE to measure "
                "the images.")
 
 
@@ -87,7 +87,7 @@ class AutoCalibrate(CalibrationNode):
                     "For 'quality': the PSNR (dB) the cached result must keep against the uncached one. With a "
                     "VAE connected it is image PSNR (30 is visibly close, 35 hard to tell apart, 40+ practically "
                     "identical). Without one it is PSNR of the final latent, whose relation to image quality "
-                    "varies by model: on the bundled digits model latent PSNR reads about 2.6 dB above image "
+                    "varies by model: on the bundled digits model latent PSNR reads about 2.5 dB above image "
                     "PSNR, on other models the gap can be far larger.")),
                 io.Int.Input("budget", default=8, min=2, max=10000, tooltip=(
                     "For 'budget': how many model evaluations to compute (the first and the last always are).")),
