@@ -1,4 +1,5 @@
-"""Auto Calibrate: pick the steps to compute from one uncached pass of the user's own prompt."""
+"""The calibration nodes: Auto Calibrate picks the steps to compute, MagCache Calibrate records MagCache's
+curve, each from an uncached pass of the user's own prompt."""
 from __future__ import annotations
 
 import nodes as comfy_nodes  # ComfyUI's top-level nodes module
