@@ -12,7 +12,8 @@ from .fixed_cadence import FixedCadence
 from .guidance import GuidanceCache
 from .magcache import MagCache, MagnitudeRecorder, recorded_ratios
 from .observers import NaNWatch
-from .planned import Plan, PlannedSchedule, Recorder, calibrate, latent_psnr, recorded_trajectory
+from .planned import Plan, PlannedSchedule, Recorder, calibrate, recorded_trajectory
+from .quality import Quality, image_quality, latent_psnr, latent_quality, ssim, worst_quality
 from .reuse import ReuseLast
 from .state import BranchKey, Evaluation, Forward, LoopState, schedule_of
 from .stats import RunSummary, summarize
@@ -20,7 +21,7 @@ from .taylorseer import TaylorSeer
 from .teacache import TeaCache
 
 __all__ = [
-    "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "latent_psnr", "recorded_trajectory", "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "Granularity",
+    "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "Granularity",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "schedule_of", "summarize",
 ]

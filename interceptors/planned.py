@@ -11,12 +11,12 @@ forward selection then adds, one at a time, the evaluation whose computation rem
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import torch
 
 from .base import Decider, Granularity, InterceptorError, RecordingDecider
+from .quality import Quality
 from .taylorseer import lagrange_weights, same_sigma
 
 
@@ -33,7 +33,7 @@ class PlannedSchedule(Decider):
     compute: tuple[int, ...] = ()
     sigmas: tuple[float, ...] = ()
     schedule: tuple[float, ...] = ()
-    psnr: float = math.inf  # what the calibration measured for this plan on the prompt it was calibrated on
+    quality: Quality | None = None  # what the calibration measured for this plan on the prompt it was calibrated on
 
     @dataclasses.dataclass
     class RunState:
@@ -101,12 +101,15 @@ def recorded_trajectory(run) -> tuple[list[float], list[torch.Tensor]]:
 class Plan:
     compute: tuple[int, ...]
     evaluations: int
-    psnr: float
+    quality: Quality
+
+    @property
+    def psnr(self) -> float:
+        return self.quality.psnr
 
     def describe(self) -> str:
         steps = ", ".join(str(i + 1) for i in self.compute)
-        return (f"compute {len(self.compute)}/{self.evaluations} evaluations (steps {steps}); "
-                f"latent PSNR {self.psnr:.1f} dB against the uncached pass")
+        return f"compute {len(self.compute)}/{self.evaluations} evaluations (steps {steps}); {self.quality.describe()}"
 
 
 def _final_error(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], compute: set[int], order: int,
@@ -123,13 +126,6 @@ def _final_error(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], compu
         forecast = sum(outputs[i] * w for i, w in zip(points, weights))
         error += (next_sigmas[j] - sigma) * (forecast - outputs[j])
     return error
-
-
-def latent_psnr(reference: torch.Tensor, other: torch.Tensor) -> float:
-    """PSNR of ``other`` against ``reference``, peak = the reference's value range."""
-    peak = float(reference.max() - reference.min())
-    mse = float((reference.float() - other.float()).pow(2).mean())
-    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
 
 
 def uniform_plan(n: int, budget: int, warmup: int = 1) -> tuple[int, ...]:
@@ -173,8 +169,8 @@ def calibrate(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure,
               budget: int | None = None, min_psnr: float | None = None, warmup: int = 1) -> Plan:
     """Pick the plan that meets the target, checking candidates with real cached runs.
 
-    ``measure(compute) -> psnr`` runs the sampler with that plan and returns the PSNR of its result
-    against the uncached pass. The open-loop error above ranks placements cheaply but misses how errors
+    ``measure(compute) -> Quality`` runs the sampler with that plan and measures its result against the
+    uncached pass (PSNR decides). The open-loop error above ranks placements cheaply but misses how errors
     grow along the trajectory, so every candidate is confirmed by ``measure``. ``budget``: exactly that
     many computed evaluations, the best placement of the candidates (greedy and even spacing).
     ``min_psnr``: the smallest budget whose best placement reaches the bound (bisection over budgets).
@@ -186,29 +182,28 @@ def calibrate(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure,
         raise InterceptorError("Give exactly one target: a budget of computed steps or a minimum PSNR.")
     floor = min(warmup, n) + (1 if n > warmup else 0)
     greedy = greedy_plans(sigmas, outputs, order=order, warmup=warmup, up_to=budget)
-    measured: dict[tuple[int, ...], float] = {}
+    measured: dict[tuple[int, ...], Quality] = {}
 
-    def best_for(b: int) -> tuple[tuple[int, ...], float]:
+    def best_for(b: int) -> Plan:
         candidates = {greedy[min(b - floor, len(greedy) - 1)], uniform_plan(n, b, warmup)}
         for plan in candidates:
             if plan not in measured:
                 measured[plan] = measure(plan)
-        plan = max(candidates, key=lambda p: measured[p])
-        return plan, measured[plan]
+        plan = max(candidates, key=lambda p: measured[p].psnr)
+        return Plan(plan, n, measured[plan])
 
     if budget is not None:
         if budget < floor:
             raise InterceptorError(f"A budget of {budget} computed steps is below the {floor} that are always "
                                    f"computed (the first {min(warmup, n)} and the last).")
-        plan, value = best_for(min(budget, n))
-        return Plan(plan, n, value)
+        return best_for(min(budget, n))
     lo, hi = floor, n
-    best = (tuple(range(n)), math.inf)
+    best = None
     while lo <= hi:
         mid = (lo + hi) // 2
-        plan, value = best_for(mid)
-        if value >= min_psnr:
-            best, hi = (plan, value), mid - 1
+        plan = best_for(mid)
+        if plan.psnr >= min_psnr:
+            best, hi = plan, mid - 1
         else:
             lo = mid + 1
-    return Plan(best[0], n, best[1])
+    return best or best_for(n)  # nothing met the bound: every evaluation computed (measured last, cached)

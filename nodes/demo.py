@@ -33,7 +33,9 @@ class DigitsModel(io.ComfyNode):
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The tiny Flux model."),
                      io.Conditioning.Output(display_name="positive", tooltip="Class conditioning per image."),
                      io.Conditioning.Output(display_name="negative", tooltip="Unconditional (for CFG)."),
-                     io.Latent.Output(display_name="LATENT", tooltip="An empty latent, one per digit.")],
+                     io.Latent.Output(display_name="LATENT", tooltip="An empty latent, one per digit."),
+                     io.Vae.Output(display_name="VAE", tooltip=(
+                         "The model's fixed decoder, for VAE Decode or Auto Calibrate's vae input."))],
         )
 
     @classmethod
@@ -41,7 +43,7 @@ class DigitsModel(io.ComfyNode):
         labels = parse_digits(digits, "Tiny Digits Model (demo)")
         positive, negative = digits_model.class_conditioning(labels)
         latent = {"samples": digits_model.empty_latent(len(labels))}
-        return io.NodeOutput(digits_model.load_model(), positive, negative, latent)
+        return io.NodeOutput(digits_model.load_model(), positive, negative, latent, digits_model.DigitsVAE())
 
 
 class DigitsDecode(io.ComfyNode):

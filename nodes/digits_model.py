@@ -280,6 +280,14 @@ def decode(latent, tables=None):
     return big.permute(0, 2, 3, 1).repeat(1, 1, 1, 3).contiguous()
 
 
+class DigitsVAE:
+    """:func:`decode` behind the method of ComfyUI's VAE that decoding nodes call, so the demo model can be
+    connected where a VAE is expected (VAE Decode, Auto Calibrate). Decoding only: it has no encoder."""
+
+    def decode(self, samples):
+        return decode(samples)
+
+
 # ------------------------------------------------------------ evaluate ----
 
 @functools.lru_cache(maxsize=4)

@@ -1,4 +1,6 @@
 """The calibration nodes through ComfyUI's executor."""
+import math
+
 import torch
 
 import graphs
@@ -27,8 +29,50 @@ def test_auto_calibrate_budget_plan_runs_in_the_cached_sampler(comfy):
     assert CAPTURED["work"]["forwards"] == 5, "exactly the budget is computed"
     assert "compute 5/12 evaluations" in ui["calibrate"]["text"][0]
     ic = comfy.module("interceptors")
-    reported = float(ui["calibrate"]["text"][0].split("latent PSNR ")[1].split(" dB")[0])
-    assert abs(ic.latent_psnr(CAPTURED["ref"], CAPTURED["out"]) - reported) < 0.05
+    text = ui["calibrate"]["text"][0]
+    assert abs(ic.latent_psnr(CAPTURED["ref"], CAPTURED["out"]) - _reported(text, "latent")) < 0.01
+    assert "not image, PSNR" in text, "without a VAE the text says plainly what was measured"
+
+
+def _reported(text, space):
+    return float(text.split(f"{space} PSNR ")[1].split(" dB")[0])
+
+
+def _calibrate_and_sample(comfy, sample_seeds=(3,), **calibration):
+    """Auto Calibrate (budget 5) on the digits prompt at sample_seeds[0]; its chain and no chain sampled at
+    every one of sample_seeds, the latents captured as out<seed> and ref<seed>."""
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "seed": sample_seeds[0], "denoise": 1.0, "target": "budget",
+        "min_psnr": 35.0, "budget": 5, "order": 1, **calibration}}
+    for seed in sample_seeds:
+        for key, chain in (("out", {"interceptors": ["calibrate", 0]}), ("ref", {})):
+            prompt[f"{key}{seed}"] = {"class_type": "CachedSampler", "inputs": {
+                "model": ["digits", 0], **sampling, "seed": seed, "denoise": 1.0, **chain}}
+            prompt[f"capture_{key}{seed}"] = {"class_type": "TestCaptureLatent", "inputs": {
+                "samples": [f"{key}{seed}", 0], "key": f"{key}{seed}"}}
+    _, ui = comfy.run(prompt)
+    return ui["calibrate"]["text"][0]
+
+
+def test_with_a_vae_the_reported_psnr_is_that_of_the_decoded_images(comfy):
+    text = _calibrate_and_sample(comfy, vae=["digits", 4])
+    vae = comfy.module("nodes.digits_model").DigitsVAE()
+    decode = comfy.nodes.VAEDecode().decode
+    (out,), (ref,) = decode(vae, {"samples": CAPTURED["out3"]}), decode(vae, {"samples": CAPTURED["ref3"]})
+    image_psnr = 10 * math.log10(1.0 / float((out.double() - ref.double()).pow(2).mean()))
+    assert abs(_reported(text, "image") - image_psnr) < 0.01
+    assert "SSIM" in text and "latent PSNR" not in text
+    latent_psnr = comfy.module("interceptors").latent_psnr(CAPTURED["ref3"], CAPTURED["out3"])
+    assert abs(latent_psnr - image_psnr) > 0.5, "the two spaces really differ here, so the test tells them apart"
+
+
+def test_with_two_seeds_the_reported_psnr_is_the_worse_seed(comfy):
+    text = _calibrate_and_sample(comfy, sample_seeds=(2, 3), seeds=2)
+    psnr = comfy.module("interceptors").latent_psnr
+    per_seed = [psnr(CAPTURED[f"ref{seed}"], CAPTURED[f"out{seed}"]) for seed in (2, 3)]
+    assert abs(_reported(text, "latent") - min(per_seed)) < 0.01 and "worst of 2 seeds" in text
+    assert per_seed[1] < per_seed[0] - 0.5, "the second seed is the worse here: looking at the first alone fails"
 
 
 def test_plan_for_another_step_count_computes_everything(comfy):

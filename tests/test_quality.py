@@ -101,7 +101,7 @@ def _calibrate(digits, **target):
         return [ic.PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=schedule),
                 ic.TaylorSeer(order=1)]
 
-    plan = ic.calibrate(sigmas, outputs, lambda c: ic.latent_psnr(reference, digits.sample(chain(c), runs=[])),
+    plan = ic.calibrate(sigmas, outputs, lambda c: ic.latent_quality(reference, digits.sample(chain(c), runs=[])),
                         order=1, **target)
     summaries = []
     again = digits.sample(chain(plan.compute), runs=summaries)
