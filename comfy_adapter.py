@@ -31,6 +31,7 @@ from comfy.patcher_extension import WrappersMP
 
 from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
                            summarize)
+from .interceptors.distributed import RankGroup
 from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
 
 log = logging.getLogger("cached_sampler")
@@ -107,11 +108,15 @@ def conflicts(chain: InterceptorChain, model_options: dict, wrappers: dict) -> l
 
 
 def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, cache_on_cpu: bool = False,
-            on_run_end: Callable | None = None, on_evaluation: Callable | None = None):
+            on_run_end: Callable | None = None, on_evaluation: Callable | None = None,
+            rank_group: Callable[[], RankGroup | None] | None = None):
     """A clone of ``model`` that runs ``chain`` on every sampling run. ``model`` is never modified.
 
     Validation against the model happens first, so a refused chain leaves nothing half-applied.
-    ``on_run_end(run, summary)`` and ``on_evaluation(run, ev)`` receive what each run did.
+    ``on_run_end(run, summary)`` and ``on_evaluation(run, ev)`` receive what each run did. ``rank_group()``
+    gives each run the ranks it shares its token sequence with under sequence parallelism (see
+    interceptors/distributed.py); never guessed from torch.distributed alone, since ranks that sample
+    different prompts (data parallelism) must not agree on anything.
     """
     previous = installed_chain(model)
     if previous is not None and not previous.empty:
@@ -140,7 +145,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
         sampling = guider.model_patcher.get_model_object("model_sampling")
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
-                        cache_device="cpu" if cache_on_cpu else None, observers=observers)
+                        cache_device="cpu" if cache_on_cpu else None, observers=observers,
+                        group=rank_group() if rank_group is not None else None)
         run.card = card
         options = guider.model_options.setdefault("transformer_options", {})
         options[STATE_KEY] = run
@@ -252,6 +258,19 @@ def _install_blocks(model, card: ModelCard, plan: BlockPlan, modulated=None) -> 
             "dit", group_name, index)
 
 
+def _first_block(run: LoopState, args: dict, stream: str) -> None:
+    """What the forward's first block tells about parallelism: the token shard this rank holds, and whether
+    the blocks see every branch of the batch (not under CFG-parallel, where each rank runs one branch)."""
+    forward, tokens = run.current_forward, args[stream]
+    if run.group is not None and tokens.ndim >= 3:
+        run.group.observe_shard(tokens.shape[1], (args.get("transformer_options") or {}).get("grid_sizes"))
+    if forward is not None and forward.cacheable and forward.split(tokens) is None:
+        forward.cacheable = False
+        run.note(f"the transformer blocks see {tokens.shape[0]} of the {forward.rows * len(forward.keys)} batch "
+                 f"rows (CFG-parallel runs one branch per rank): block caching is off; whole-model methods (Fixed "
+                 f"Cadence, Adaptive Cache) work there.")
+
+
 def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous, modulated=None):
     def replacement(args, extra):
         original = extra["original_block"]
@@ -262,7 +281,10 @@ def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...]
         run = (args.get("transformer_options") or {}).get(STATE_KEY)
         if run is None:
             return as_outputs(run_block(args), out_keys)
+        if position == 0:
+            _first_block(run, args, out_keys[0])
         signal = (lambda: modulated(args)) if modulated is not None else None
         return block_call(run, plan, position, out_keys, args, run_block, signal)
     replacement.cached_sampler_position = position
+    replacement.cached_sampler_previous = previous  # what uninstalling puts back
     return replacement

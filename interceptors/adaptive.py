@@ -42,8 +42,8 @@ class AdaptiveCache(Decider):
             return True
         if 0 <= self.max_consecutive_cached <= shared.get("consecutive_skips", 0):
             return True
-        step_change = mean_abs_diff(signals, previous)
-        out_scale = mean_abs(anchor_out.values())
+        step_change = mean_abs_diff(signals, previous, run.group)
+        out_scale = mean_abs(anchor_out.values(), run.group)
         if step_change is None or out_scale == 0:
             return True
         shared["accumulated"] = shared.get("accumulated", 0.0) + rate * step_change / out_scale
@@ -58,7 +58,7 @@ class AdaptiveCache(Decider):
         x, v = detach(signals), detach(outputs)
         x_anchor, v_anchor = shared.get("x_anchor"), shared.get("v_anchor")
         if x_anchor and v_anchor:
-            dx, dv = mean_abs_diff(x, x_anchor), mean_abs_diff(v, v_anchor)
+            dx, dv = mean_abs_diff(x, x_anchor, run.group), mean_abs_diff(v, v_anchor, run.group)
             if dx and dv is not None:
                 shared["rate"] = dv / dx
         shared.update(x_anchor=x, v_anchor=v, x_last=x, accumulated=0.0)

@@ -121,12 +121,14 @@ class LoopState:
 
     ``plugin_state[interceptor_id][branch_key]`` holds per-branch state (dicts), ``shared[interceptor_id]``
     run-level state. ``percent_to_sigma`` maps a schedule percent to the model's sigma (ComfyUI's
-    convention for start/end percents); without it, percents are fractions of the steps.
+    convention for start/end percents); without it, percents are fractions of the steps. ``group`` (a
+    :class:`~.distributed.RankGroup`, None in one process) is set when ranks share the sequence: metrics are
+    reduced over it and every decision is agreed by all of its ranks.
     """
 
     def __init__(self, chain: InterceptorChain, sample_sigmas: Sequence[float],
                  percent_to_sigma: Callable[[float], float] | None = None,
-                 cache_device: torch.device | str | None = None, observers: Sequence[Any] = ()):
+                 cache_device: torch.device | str | None = None, observers: Sequence[Any] = (), group=None):
         self.chain = chain
         self.estimator = chain.estimator
         # looked up once: the engine asks for them on every forward and every block
@@ -137,6 +139,7 @@ class LoopState:
         self.percent_to_sigma = percent_to_sigma
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.observers = list(observers)
+        self.group = group
         self.plugin_state: dict[str, dict[Any, dict]] = defaultdict(lambda: defaultdict(dict))
         self.run_states: dict[str, Any] = {}
         self.branch_states: dict[str, dict[BranchKey, Any]] = {}
@@ -232,6 +235,8 @@ class LoopState:
             return ev.decisions[decider.id]
         forced = ev.index == 0 or ev.is_last_step or not self.in_window(decider, ev)
         compute = True if forced else bool(decider.decide(self, ev, signals))
+        if self.group is not None:  # on every evaluation, forced or not: the ranks stay in step
+            compute = self.group.any(compute)
         ev.decisions[decider.id] = compute
         if compute:
             self.shared[decider.id]["last_compute"] = ev.index
