@@ -200,6 +200,27 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     return patched
 
 
+def uninstall(model):
+    """A clone of ``model`` without the chain :func:`install` put on it (wrappers, block replacements, the chain
+    itself), the block replacements it chained to put back; ``model`` itself when it runs no chain. Lets a model
+    that lives on between prompts (a Raylight actor's) take a new chain in place of the old one."""
+    if installed_chain(model) is None:
+        return model
+    clean = model.clone()
+    for wrapper_type in (WrappersMP.OUTER_SAMPLE, WrappersMP.PREDICT_NOISE, WrappersMP.APPLY_MODEL):
+        clean.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
+    options = clean.model_options["transformer_options"]
+    options.pop(CHAIN_KEY, None)
+    dit = options.get("patches_replace", {}).get("dit", {})
+    for slot, replacement in list(dit.items()):
+        if hasattr(replacement, "cached_sampler_position"):
+            if replacement.cached_sampler_previous is None:
+                del dit[slot]
+            else:
+                dit[slot] = replacement.cached_sampler_previous
+    return clean
+
+
 def _slots_taken(transformer_options: dict, slots: dict) -> bool:
     """True when some block slot of this forward is not served by the pack's replacement, e.g. Skip Layer
     Guidance's extra pass puts its own ``skip`` into a copy of the options for that one call. Caching such a
