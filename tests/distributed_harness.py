@@ -122,6 +122,7 @@ def _sample(adapter, ic, nodes, tiny_models, scenario, rank, world, sync):
     evaluations, counts = [], {"blocks": 0}
     model = tiny_models.build("wan21", seed=0)
     model.add_wrapper_with_key("diffusion_model", "test_sequence_parallel",
+                               _cfg_parallel(rank, world) if scenario.get("cfg_parallel") and world > 1 else
                                _sequence_parallel(rank, world, counts, scenario.get("concentrate", 0.0)))
     group = (lambda: ic.distributed.group_of()) if sync and world > 1 else None
 
@@ -152,6 +153,19 @@ def _gather(tensor, total, world):
     parts = [torch.empty_like(tensor) for _ in range(world)]
     dist.all_gather(parts, tensor.contiguous())
     return torch.cat(parts, dim=1)[:, :total]
+
+
+def _cfg_parallel(rank, world):
+    """A DIFFUSION_MODEL wrapper as Raylight's CFG-parallel one: each rank runs its chunk of the batch (one CFG
+    branch) through the whole model, and the outputs are gathered."""
+    def forward(executor, x, timestep, context, *args, **kwargs):
+        rows = x.shape[0] // world
+        mine = slice(rank * rows, (rank + 1) * rows)
+        out = executor(x[mine], timestep[mine], context[mine], *args, **kwargs).contiguous()
+        parts = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(parts, out)
+        return torch.cat(parts)
+    return forward
 
 
 def _sequence_parallel(rank, world, counts, concentrate):

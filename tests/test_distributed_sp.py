@@ -21,14 +21,19 @@ pytestmark = [
 ]
 
 DBCACHE = ("DBCache", {"front": 1, "back": 0, "threshold": 0.3, "warmup": 0.0, "max_consecutive_cached": -1})
+ADAPTIVE = ("AdaptiveCache", {"threshold": 1.0, "start_percent": 0.0})
 SCENARIOS = [
     # block level: the probe residual is a token shard, its relative L1 is reduced over the ranks
     {"name": "dbcache", "chain": DBCACHE, "reference": True},
     # the same, with the change between steps concentrated in rank 0's shard
     {"name": "concentrated", "chain": DBCACHE, "reference": True, "concentrate": 2.0},
     # whole-model level: the latent is replicated on every rank
-    {"name": "adaptive", "chain": ("AdaptiveCache", {"threshold": 1.0, "start_percent": 0.0}), "reference": True},
+    {"name": "adaptive", "chain": ADAPTIVE, "reference": True},
+    # CFG-parallel (each rank runs one branch): whole-model caching works, block caching turns off with a note
+    {"name": "cfg_parallel/adaptive", "chain": ADAPTIVE, "reference": True, "cfg_parallel": True},
+    {"name": "cfg_parallel/dbcache", "chain": DBCACHE, "cfg_parallel": True},
 ]
+AGREEING = [s["name"] for s in SCENARIOS if s.get("reference")]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +59,7 @@ def assert_consistent(results, name):
         f"{name}: not one agreement per evaluation, forced ones included: {agreements}"
 
 
-@pytest.mark.parametrize("name", [s["name"] for s in SCENARIOS])
+@pytest.mark.parametrize("name", AGREEING)
 def test_ranks_make_one_decision_per_evaluation(ranks, name):
     assert_consistent(ranks, name)
     made = [d for _, ds in decisions(ranks[0]["runs"][name]) for d in ds.values()]
@@ -62,7 +67,7 @@ def test_ranks_make_one_decision_per_evaluation(ranks, name):
         f"{name}: nothing skipped or nothing computed; the test proves nothing: {harness.as_json(ranks[:1])}"
 
 
-@pytest.mark.parametrize("name", [s["name"] for s in SCENARIOS])
+@pytest.mark.parametrize("name", AGREEING)
 def test_output_and_decisions_equal_one_process(ranks, name):
     single = ranks[0]["runs"][name + "/single"]
     assert not any("MAX" in c or "SUM" in c for c in single["collectives"]), "one process issued collectives"
@@ -84,6 +89,17 @@ def test_metrics_are_reduced_over_the_shards(ranks):
     assert measured and len(reductions) == len(measured)
     assert [e["metric"] for e in measured] == [e["metric"] for e in ranks[1]["runs"]["concentrated"]["evaluations"]
                                                if e["metric"] is not None]
+
+
+def test_cfg_parallel_turns_block_caching_off_with_a_note(ranks):
+    """Under CFG-parallel the blocks see one branch's rows; block caching would silently never skip. It is
+    switched off, said once, and every block runs on both ranks (the same run without CFG-parallel skips)."""
+    runs = [r["runs"]["cfg_parallel/dbcache"] for r in ranks]
+    for run in runs:
+        assert [n for n in run["notes"] if "CFG-parallel" in n], run["notes"]
+        assert [e["blocks_run"] for e in run["evaluations"]] == [3] * harness.STEPS
+    assert runs[0]["collectives"] == runs[1]["collectives"]
+    assert any(e["blocks_run"] < 3 for e in ranks[0]["runs"]["dbcache"]["evaluations"])
 
 
 def test_unsynchronised_ranks_diverge():
