@@ -63,7 +63,8 @@ def installed_chain(model) -> InterceptorChain | None:
 
 
 # ComfyUI core patches that conflict with a chain: (transformer_options key or wrapper key, what to call it).
-OTHER_CACHES = (("easycache", "ComfyUI's EasyCache"), ("lazycache", "ComfyUI's LazyCache"))
+OTHER_CACHES = (("easycache", "ComfyUI's EasyCache"), ("lazycache", "ComfyUI's LazyCache"),
+                ("teacache", "Raylight's TeaCache"))  # Raylight's EasyCache port uses the "easycache" key too
 COMPILE_WRAPPER_KEY = "torch.compile"          # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 COMPILE_OPTIONS_KEY = "torch_compile_kwargs"   # ... .TORCH_COMPILE_KWARGS
 

@@ -19,12 +19,7 @@ import torch
 import tiny_models
 from comfy_harness import find_comfyui
 
-ray = pytest.importorskip("ray", reason="!!! ray is not installed (pip install ray): the Raylight test is SKIPPED !!!")
 RAYLIGHT = Path(os.environ.get("RAYLIGHT_PATH", "")).expanduser()
-if not (RAYLIGHT / "src" / "raylight" / "comfy_extra_dist" / "ray_patch_decorator.py").is_file():
-    pytest.skip("!!! RAYLIGHT_PATH does not name a komikndr/raylight checkout: the Raylight test is SKIPPED !!!",
-                allow_module_level=True)
-
 TESTS = Path(__file__).resolve().parent
 STEPS = 6
 
@@ -69,7 +64,15 @@ class Actor:
 
 
 @pytest.fixture(scope="module")
-def actors():
+def ray():
+    ray = pytest.importorskip("ray", reason="!!! ray is not installed (pip install ray): the Raylight test is SKIPPED !!!")
+    if not (RAYLIGHT / "src" / "raylight" / "comfy_extra_dist" / "ray_patch_decorator.py").is_file():
+        pytest.skip("!!! RAYLIGHT_PATH does not name a komikndr/raylight checkout: the Raylight test is SKIPPED !!!")
+    return ray
+
+
+@pytest.fixture(scope="module")
+def actors(ray):
     comfy_path = str(find_comfyui())
     sys.path.insert(0, str(RAYLIGHT / "src"))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
@@ -81,7 +84,7 @@ def actors():
     ray.shutdown()
 
 
-def test_install_reaches_every_actor_and_replaces_the_previous_chain(comfy, actors):
+def test_install_reaches_every_actor_and_replaces_the_previous_chain(comfy, ray, actors):
     raylight_node, ic = comfy.module("nodes.raylight"), comfy.module("interceptors")
     package = comfy.pack.__name__
     workers = actors["workers"]
@@ -139,3 +142,11 @@ def test_uninstall_puts_back_what_was_there(comfy):
     assert dit == {("double_block", 1): mine}
     assert not any("cached_sampler" in by_key for by_key in clean.wrappers.values())
     assert adapter.uninstall(model) is model
+
+
+def test_raylights_own_teacache_on_the_same_model_is_refused(comfy):
+    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    model = tiny_models.build("wan21").clone()
+    model.add_wrapper_with_key("outer_sample", "teacache", lambda executor, *args, **kwargs: executor(*args, **kwargs))
+    with pytest.raises(ic.ChainError, match="Raylight's TeaCache"):
+        adapter.install(model, ic.InterceptorChain.of([ic.FixedCadence(interval=2)]))
