@@ -25,7 +25,7 @@ def raylight_patchers():
         import ray
         from raylight.comfy_extra_dist.ray_patch_decorator import ray_patch, ray_patch_with_return
     except ImportError as e:
-        raise InterceptorError(f"Apply Interceptors (Raylight) needs Raylight (komikndr/raylight) and Ray: {e}") from None
+        raise InterceptorError(f"Raylight (komikndr/raylight) and Ray must be installed in this ComfyUI: {e}") from None
     ray.cloudpickle.register_pickle_by_value(raylight_actor)  # the actors cannot import the pack by name
     return ray_patch, ray_patch_with_return
 
