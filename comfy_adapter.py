@@ -40,6 +40,7 @@ from comfy.patcher_extension import WrappersMP
 
 from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
                            summarize)
+from .interceptors.distributed import RankGroup
 from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
 from .interceptors.state import schedule_of  # noqa: F401  (the sampling nodes place their runs with it)
 from .interceptors.guidance import guided_batch
@@ -73,7 +74,8 @@ def installed_chain(model) -> InterceptorChain | None:
 
 
 # ComfyUI core patches that conflict with a chain: (transformer_options key or wrapper key, what to call it).
-OTHER_CACHES = (("easycache", "ComfyUI's EasyCache"), ("lazycache", "ComfyUI's LazyCache"))
+OTHER_CACHES = (("easycache", "ComfyUI's EasyCache"), ("lazycache", "ComfyUI's LazyCache"),
+                ("teacache", "Raylight's TeaCache"))  # Raylight's EasyCache port uses the "easycache" key too
 COMPILE_WRAPPER_KEY = "torch.compile"          # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 COMPILE_OPTIONS_KEY = "torch_compile_kwargs"   # ... .TORCH_COMPILE_KWARGS
 
@@ -119,13 +121,16 @@ def conflicts(chain: InterceptorChain, model_options: dict, wrappers: dict) -> l
 
 def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, cache_on_cpu: bool = False,
             on_run_end: Callable | None = None, on_evaluation: Callable | None = None,
-            schedule: tuple[int, int] | None = None):
+            schedule: tuple[int, int] | None = None, rank_group: Callable[[], RankGroup | None] | None = None):
     """A clone of ``model`` that runs ``chain`` on every sampling run. ``model`` is never modified.
 
     Validation against the model happens first, so a refused chain leaves nothing half-applied.
     ``on_run_end(run, summary)`` and ``on_evaluation(run, ev)`` receive what each run did. ``schedule``
     (:func:`schedule_of`) places each run's steps in the model's whole schedule when the sampling node knows
     it; without it a run counts its steps from its own start, and says so if it starts part way.
+    ``rank_group()`` gives each run the ranks it shares its token sequence with under sequence parallelism
+    (see interceptors/distributed.py); never guessed from torch.distributed alone, since ranks that sample
+    different prompts (data parallelism) must not agree on anything.
     """
     previous = installed_chain(model)
     if previous is not None and not previous.empty:
@@ -159,7 +164,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         first_step, schedule_steps = schedule or (0, None)
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
                         cache_device="cpu" if cache_on_cpu else None, observers=observers,
-                        first_step=first_step, schedule_steps=schedule_steps)
+                        first_step=first_step, schedule_steps=schedule_steps,
+                        group=rank_group() if rank_group is not None else None)
         run.card = card
         if schedule is None and len(sigmas) and float(sigmas[0]) < float(sampling.sigma_max) * 0.999:
             counting = [d.label for d in chain.deciders if d.counts_steps]
@@ -269,6 +275,28 @@ def _note_slots_taken(run: LoopState) -> None:
                  "caching, where the pack chains to it")
 
 
+def uninstall(model):
+    """A clone of ``model`` without the chain :func:`install` put on it (wrappers, block replacements, the chain
+    itself), the block replacements it chained to put back; ``model`` itself when it runs no chain. Lets a model
+    that lives on between prompts (a Raylight actor's) take a new chain in place of the old one."""
+    if installed_chain(model) is None:
+        return model
+    clean = model.clone()
+    for wrapper_type in (WrappersMP.OUTER_SAMPLE, WrappersMP.CALC_COND_BATCH, WrappersMP.PREDICT_NOISE,
+                         WrappersMP.APPLY_MODEL):
+        clean.remove_wrappers_with_key(wrapper_type, WRAPPER_KEY)
+    options = clean.model_options["transformer_options"]
+    options.pop(CHAIN_KEY, None)
+    dit = options.get("patches_replace", {}).get("dit", {})
+    for slot, replacement in list(dit.items()):
+        if hasattr(replacement, "cached_sampler_position"):
+            if replacement.cached_sampler_previous is None:
+                del dit[slot]
+            else:
+                dit[slot] = replacement.cached_sampler_previous
+    return clean
+
+
 def _slots_taken(transformer_options: dict, slots: dict) -> bool:
     """True when some block slot of this forward is not served by the pack's replacement, e.g. Skip Layer
     Guidance's extra pass puts its own ``skip`` into a copy of the options for that one call. Caching such a
@@ -343,6 +371,19 @@ def _install_blocks(model, card: ModelCard, plan: BlockPlan, modulated=None) -> 
             "dit", group_name, index)
 
 
+def _first_block(run: LoopState, args: dict, stream: str) -> None:
+    """What the forward's first block tells about parallelism: the token shard this rank holds, and whether
+    the blocks see every branch of the batch (not under CFG-parallel, where each rank runs one branch)."""
+    forward, tokens = run.current_forward, args[stream]
+    if run.group is not None and tokens.ndim >= 3:
+        run.group.observe_shard(tokens.shape[1], (args.get("transformer_options") or {}).get("grid_sizes"))
+    if forward is not None and forward.cacheable and forward.split(tokens) is None:
+        forward.cacheable = False
+        run.note(f"the transformer blocks see {tokens.shape[0]} of the {forward.rows * len(forward.keys)} batch "
+                 f"rows (CFG-parallel runs one branch per rank): block caching is off; whole-model methods (Fixed "
+                 f"Cadence, Adaptive Cache) work there.")
+
+
 def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous, modulated=None):
     def replacement(args, extra):
         original = extra["original_block"]
@@ -353,7 +394,10 @@ def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...]
         run = (args.get("transformer_options") or {}).get(STATE_KEY)
         if run is None:
             return as_outputs(run_block(args), out_keys)
+        if position == 0:
+            _first_block(run, args, out_keys[0])
         signal = (lambda: modulated(args)) if modulated is not None else None
         return block_call(run, plan, position, out_keys, args, run_block, signal)
     replacement.cached_sampler_position = position
+    replacement.cached_sampler_previous = previous  # what uninstalling puts back
     return replacement

@@ -52,8 +52,8 @@ class AdaptiveCache(Decider):
             return True
         if 0 <= self.max_consecutive_cached <= run.decisions_of(self).consecutive_skips:
             return True
-        step_change = mean_abs_diff(signals, previous)
-        out_scale = mean_abs(state.v_anchor.values())
+        step_change = mean_abs_diff(signals, previous, run.group)
+        out_scale = mean_abs(state.v_anchor.values(), run.group)
         if step_change is None or out_scale == 0:
             return True  # e.g. the conditioning changed (prompt switch): no common branch to compare
         state.accumulated += state.rate * step_change / out_scale
@@ -66,7 +66,8 @@ class AdaptiveCache(Decider):
             return  # another forward of this evaluation (split CFG, area conds): the first one drives the rate
         state.anchored_at = ev.index
         if state.x_anchor and state.v_anchor:
-            dx, dv = mean_abs_diff(signals or {}, state.x_anchor), mean_abs_diff(outputs or {}, state.v_anchor)
+            dx = mean_abs_diff(signals or {}, state.x_anchor, run.group)
+            dv = mean_abs_diff(outputs or {}, state.v_anchor, run.group)
             if dx and dv is not None:
                 state.rate = dv / dx
         x = run.keep(signals)

@@ -71,7 +71,7 @@ class DBCache(Decider):
         if 0 <= self.max_consecutive_cached <= decisions.consecutive_skips:
             return True
         anchors = {k: run.branch_of(self, k).anchor for k in signals}
-        diff = relative_l1(signals, {k: v for k, v in anchors.items() if v is not None})
+        diff = relative_l1(signals, {k: v for k, v in anchors.items() if v is not None}, run.group)
         if diff is None or diff != diff:  # no anchor yet, or a NaN probe: compute
             return True
         run.report_metric(self, diff, self.threshold)

@@ -156,12 +156,14 @@ class LoopState:
     model's whole schedule (a second stage starts at ``first_step``; denoise < 1 starts part way); by default
     the run is the whole schedule. ``cache_device`` is where every tensor kept across evaluations lives
     (estimator slots, block residuals, decider anchors); arithmetic on them happens on the compute device.
+    ``group`` (a :class:`~.distributed.RankGroup`, None in one process) is set when ranks share the sequence:
+    metrics are reduced over it and every decision is agreed by all of its ranks.
     """
 
     def __init__(self, chain: InterceptorChain, sample_sigmas: Sequence[float],
                  percent_to_sigma: Callable[[float], float] | None = None,
                  cache_device: torch.device | str | None = None, observers: Sequence[Any] = (),
-                 first_step: int = 0, schedule_steps: int | None = None):
+                 first_step: int = 0, schedule_steps: int | None = None, group=None):
         self.chain = chain
         self.estimator = chain.estimator
         # looked up once: the engine asks for them on every forward and every block
@@ -174,6 +176,7 @@ class LoopState:
         self.percent_to_sigma = percent_to_sigma
         self.cache_device = torch.device(cache_device) if cache_device is not None else None
         self.observers = list(observers)
+        self.group = group
         self.run_states: dict[str, Any] = {}
         self.branch_states: dict[str, dict[BranchKey, Any]] = {}
         self.decision_records: dict[str, DecisionRecord] = {d.id: DecisionRecord() for d in chain.deciders}
@@ -287,6 +290,8 @@ class LoopState:
             return ev.decisions[decider.id]
         forced = ev.index == 0 or ev.is_last_step or not self.in_window(decider, ev)
         compute = True if forced else bool(decider.decide(self, ev, signals))
+        if self.group is not None:  # on every evaluation, forced or not: the ranks stay in step
+            compute = self.group.any(compute)
         ev.decisions[decider.id] = compute
         return compute
 

@@ -80,7 +80,7 @@ class TeaCache(Decider):
         coefficients = self.coefficients_for(run.card)
         if self.threshold <= 0 or not signals or not previous or coefficients is None:
             return True
-        change = relative_l1(signals, previous)
+        change = relative_l1(signals, previous, run.group)
         if change is None:
             return True
         state.accumulated += abs(rescale(coefficients, change))

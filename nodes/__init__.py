@@ -4,9 +4,10 @@ from comfy_api.latest import ComfyExtension, io
 from .calibrate import CALIBRATION_NODES
 from .configs import CONFIG_NODES
 from .demo import DEMO_NODES
+from .raylight import RAYLIGHT_NODES
 from .sampler import SAMPLER_NODES
 
-NODES: list[type[io.ComfyNode]] = [*SAMPLER_NODES, *CONFIG_NODES, *CALIBRATION_NODES, *DEMO_NODES]
+NODES: list[type[io.ComfyNode]] = [*SAMPLER_NODES, *CONFIG_NODES, *CALIBRATION_NODES, *DEMO_NODES, *RAYLIGHT_NODES]
 
 
 class CachedSamplerExtension(ComfyExtension):

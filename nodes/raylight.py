@@ -1,0 +1,75 @@
+"""Apply Interceptors (Raylight): install a chain inside every Ray actor of komikndr/raylight.
+
+Raylight loads and samples the model inside its Ray actors, so a MODEL patched here never reaches them. This
+node sends the install to every actor through Raylight's ``ray_patch`` mechanism (the actor's model is replaced
+by the function's result) and asks rank 0 what now runs there. The shipped code lives in ``raylight_actor``.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+
+from comfy_api.latest import io
+
+from .. import raylight_actor
+from ..interceptors import InterceptorError
+from .common import CATEGORY, PREFIX, as_chain, chain_input, node_label
+from .sampler import safety_inputs
+
+RayActors = io.Custom("RAY_ACTORS")
+
+
+def raylight_patchers():
+    """Raylight's ``ray_patch`` and ``ray_patch_with_return`` (Raylight puts its ``src`` on sys.path)."""
+    try:
+        import ray
+        from raylight.comfy_extra_dist.ray_patch_decorator import ray_patch, ray_patch_with_return
+    except ImportError as e:
+        raise InterceptorError(f"Raylight (komikndr/raylight) and Ray must be installed in this ComfyUI: {e}") from None
+    ray.cloudpickle.register_pickle_by_value(raylight_actor)  # the actors cannot import the pack by name
+    return ray_patch, ray_patch_with_return
+
+
+def install_on_actors(ray_actors, chain, **options) -> str:
+    """Install ``chain`` on every actor's model, replacing any chain installed there before; rank 0's summary."""
+    ray_patch, ray_patch_with_return = raylight_patchers()
+    pack_dir = os.path.dirname(os.path.abspath(raylight_actor.__file__))
+    package = raylight_actor.__name__.rpartition(".")[0]
+    ray_patch(raylight_actor.install)(None, ray_actors, pack_dir, package, pickle.dumps((chain, options)))
+    return ray_patch_with_return(raylight_actor.summary)(None, ray_actors, pack_dir, package)
+
+
+class ApplyInterceptorsRaylight(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=f"{PREFIX}ApplyInterceptorsRaylight",
+            display_name="Apply Interceptors (Raylight)",
+            category=CATEGORY,
+            description=("Installs an interceptor chain on the model inside every Raylight actor (one per GPU), "
+                         "replacing the chain installed there before. Under sequence parallelism (xDiT USP) all "
+                         "ranks reduce the change metrics together and agree on every skip."),
+            inputs=[
+                RayActors.Input("ray_actors", tooltip=(
+                    "Raylight's actors, from a Raylight model loader (after its LoRA or ModelSampling nodes). "
+                    "Connect the output to Raylight's sampler.")),
+                chain_input(optional=False),
+                *safety_inputs(),
+            ],
+            outputs=[RayActors.Output(display_name="ray_actors", tooltip=(
+                "The same actors, now running the chain on every sampling run."))],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, ray_actors, interceptors, allow_distilled=False, cache_on_cpu=False) -> io.NodeOutput:
+        node = node_label("Apply Interceptors (Raylight)", cls.hidden.unique_id)
+        chain = as_chain(interceptors, node)
+        try:
+            text = install_on_actors(ray_actors, chain, allow_distilled=allow_distilled, cache_on_cpu=cache_on_cpu)
+        except ValueError as e:
+            raise ValueError(f"{node}: {e}") from None
+        return io.NodeOutput(ray_actors, ui={"text": (text,)})
+
+
+RAYLIGHT_NODES = [ApplyInterceptorsRaylight]

@@ -1,0 +1,223 @@
+"""Ranks on CPU (gloo) sampling ComfyUI's tiny Wan with its tokens split between them, as under Raylight's USP.
+
+Each rank is a process started by torch.multiprocessing: it loads ComfyUI's code and the pack through ComfyUI's
+own custom-node loader, builds the same tiny Wan 2.1 (tests/tiny_models.py), and samples it with
+``nodes.common_ksampler`` through the pack's real wrappers and block replacements.
+
+The sequence parallelism is the test's: a ``DIFFUSION_MODEL`` wrapper runs Wan's forward with the patch tokens
+padded to a multiple of the ranks and split between them (as xDiT USP does, and Raylight's Wan forward, which
+also records ``grid_sizes``), an attention override that gathers every rank's keys and values (a real
+all_gather, padding dropped), and an all_gather of the output after the head. Every collective a rank issues,
+the model's and the pack's, is logged in order.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import tempfile
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+STEPS = 10
+LATENT = (1, 16, 1, 10, 10)  # one frame of 5 x 5 patches: 25 tokens, so two ranks hold 13 + 12 and 1 padding
+
+
+def run_ranks(world: int, scenarios: list[dict], sync: bool = True, timeout_s: int = 60) -> list[dict]:
+    """Run ``scenarios`` on ``world`` ranks; what each rank saw, by rank. A rank that failed has ``error``."""
+    with tempfile.TemporaryDirectory(prefix="cached-sampler-ranks-") as tmp:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.start_processes(_rank_main, args=(world, port, scenarios, sync, timeout_s, tmp), nprocs=world,
+                                 join=False, start_method="spawn")
+        for process in ctx.processes:  # each rank, failed or not, writes what it saw before it ends
+            process.join(timeout_s * 4)
+            if process.is_alive():
+                process.kill()
+        results = []
+        for rank in range(world):
+            path = Path(tmp) / f"rank{rank}.pt"
+            results.append(torch.load(path) if path.exists() else {"error": "rank wrote nothing"})
+        return results
+
+
+def _rank_main(rank, world, port, scenarios, sync, timeout_s, out_dir):
+    torch.set_num_threads(1)
+    result = {"rank": rank, "collectives": [], "runs": {}}
+    try:
+        adapter, ic, nodes, tiny_models = _load(rank, world, port, timeout_s)
+        _log_collectives(result["collectives"])
+        def sample(name, scenario, rank, world):
+            start = len(result["collectives"])
+            run = result["runs"][name] = _sample(adapter, ic, nodes, tiny_models, scenario, rank, world, sync)
+            run["collectives"] = result["collectives"][start:]
+
+        for scenario in scenarios:
+            sample(scenario["name"], scenario, rank, world)
+            if scenario.get("reference") and rank == 0:  # the same model in one process, on the whole sequence
+                sample(scenario["name"] + "/single", scenario, 0, 1)
+    except Exception:
+        result["error"] = traceback.format_exc()
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    if "error" in result:
+        os._exit(1)  # leave the peers' collectives with a closed connection instead of a hang
+
+
+def _load(rank, world, port, timeout_s):
+    sys.path.insert(0, str(TESTS))
+    from comfy_harness import find_comfyui
+    comfy_path = find_comfyui()
+    sys.path.insert(0, str(comfy_path))
+    from comfy.cli_args import args
+    args.cpu = True
+    args.use_pytorch_cross_attention = True
+    import comfy.model_management  # noqa: F401  (after the CPU flags)
+    import utils.extra_config  # noqa: F401
+    import nodes
+    import tiny_models
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    custom = Path(tempfile.mkdtemp(prefix="cached-sampler-rank-")) / "custom_nodes"
+    custom.mkdir()
+    (custom / "cached-sampler").symlink_to(ROOT, target_is_directory=True)
+    pack_path = str(custom / "cached-sampler")
+    if not asyncio.run(nodes.load_custom_node(pack_path)):
+        raise RuntimeError("ComfyUI could not load the pack")
+    import importlib
+    name = pack_path.replace(".", "_x_")
+    return (importlib.import_module(f"{name}.comfy_adapter"), importlib.import_module(f"{name}.interceptors"),
+            nodes, tiny_models)
+
+
+def _log_collectives(log: list) -> None:
+    """Log every collective this process issues, in order (the model's and the pack's), by wrapping
+    torch.distributed's functions; the arguments say what was exchanged."""
+    def logged(name, fn):
+        def call(tensor_or_list, *args, **kwargs):
+            first = tensor_or_list[0] if isinstance(tensor_or_list, list) else tensor_or_list
+            op = kwargs.get("op", args[0] if args and not isinstance(args[0], torch.Tensor) else None)
+            log.append(f"{name}{tuple(first.shape)}{first.dtype}{'' if op is None else f' {op}'}")
+            return fn(tensor_or_list, *args, **kwargs)
+        return call
+    for name in ("all_reduce", "all_gather"):
+        setattr(dist, name, logged(name, getattr(dist, name)))
+
+
+def chain_of(ic, scenario):
+    kind, params = scenario["chain"]
+    return ic.InterceptorChain.of([getattr(ic, kind)(**params)])
+
+
+def _sample(adapter, ic, nodes, tiny_models, scenario, rank, world, sync):
+    evaluations, counts = [], {"blocks": 0}
+    model = tiny_models.build("wan21", seed=0)
+    model.add_wrapper_with_key("diffusion_model", "test_sequence_parallel",
+                               _cfg_parallel(rank, world) if scenario.get("cfg_parallel") and world > 1 else
+                               _sequence_parallel(rank, world, counts, scenario.get("concentrate", 0.0)))
+    group = (lambda: ic.distributed.group_of()) if sync and world > 1 else None
+
+    def on_evaluation(run, ev):
+        evaluations.append({"index": ev.index, "decisions": dict(ev.decisions), "metric": ev.record.metric,
+                            "blocks_run": ev.record.blocks_run})
+
+    notes = []
+    patched = adapter.install(model, chain_of(ic, scenario), on_evaluation=on_evaluation, rank_group=group,
+                              on_run_end=lambda run, summary: notes.extend(run.notes))
+    positive, negative = tiny_models.conditioning("wan21", seed=1)
+    gen = torch.Generator().manual_seed(3)
+    latent = {"samples": torch.randn(LATENT, generator=gen)}
+    out = nodes.common_ksampler(patched, 7, STEPS, 4.0, "euler", "simple", positive, negative, latent)[0]["samples"]
+    return {"evaluations": evaluations, "blocks": counts["blocks"], "output": out, "notes": notes}
+
+
+def _shard(tensor, rank, world):
+    """This rank's part of ``tensor``'s token axis (1), zero-padded to a multiple of the ranks first."""
+    total = tensor.shape[1]
+    pad = (-total) % world
+    if pad:
+        tensor = torch.cat([tensor, tensor.new_zeros((tensor.shape[0], pad) + tuple(tensor.shape[2:]))], dim=1)
+    return tensor.chunk(world, dim=1)[rank]
+
+
+def _gather(tensor, total, world):
+    parts = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts, dim=1)[:, :total]
+
+
+def _cfg_parallel(rank, world):
+    """A DIFFUSION_MODEL wrapper as Raylight's CFG-parallel one: each rank runs its chunk of the batch (one CFG
+    branch) through the whole model, and the outputs are gathered."""
+    def forward(executor, x, timestep, context, *args, **kwargs):
+        rows = x.shape[0] // world
+        mine = slice(rank * rows, (rank + 1) * rows)
+        out = executor(x[mine], timestep[mine], context[mine], *args, **kwargs).contiguous()
+        parts = [torch.empty_like(out) for _ in range(world)]
+        dist.all_gather(parts, out)
+        return torch.cat(parts)
+    return forward
+
+
+def _sequence_parallel(rank, world, counts, concentrate):
+    """A DIFFUSION_MODEL wrapper: ComfyUI's Wan forward (``WanModel._forward`` / ``forward_orig``), run on this
+    rank's token shard. ``concentrate`` adds a step-dependent swirl to the first rank's tokens only, so that the
+    change between steps is concentrated in one shard (part of the model: the one-process run has it too)."""
+    import comfy.ldm.common_dit
+    from comfy.ldm.wan.model import sinusoidal_embedding_1d
+
+    def forward(executor, x, timestep, context, clip_fea=None, time_dim_concat=None, transformer_options={}, **kw):
+        m = executor.class_obj
+        _, _, t, h, w = x.shape
+        x = comfy.ldm.common_dit.pad_to_patch_size(x, m.patch_size)
+        freqs = m.rope_encode(t, h, w, device=x.device, dtype=x.dtype, transformer_options=transformer_options)
+        x = m.patch_embedding(x.float()).to(x.dtype)
+        grid_sizes = x.shape[2:]
+        x = x.flatten(2).transpose(1, 2)
+        total = x.shape[1]
+        if concentrate:
+            first_shard = -(-total // 2)
+            swirl = torch.sin(timestep.float().reshape(-1, 1, 1) * 0.37 + torch.arange(x.shape[2]) * 0.5)
+            x = torch.cat([x[:, :first_shard] + concentrate * swirl.to(x), x[:, first_shard:]], dim=1)
+        e = m.time_embedding(sinusoidal_embedding_1d(m.freq_dim, timestep.flatten()).to(dtype=x[0].dtype))
+        e0 = m.time_projection(e.reshape(timestep.shape[0], -1, e.shape[-1])).unflatten(2, (6, m.dim))
+        context = m.text_embedding(context)
+        options = transformer_options
+        if world > 1:
+            x, freqs = _shard(x, rank, world), _shard(freqs, rank, world)
+            shard_tokens = x.shape[1]
+
+            def attention(func, q, k, v, *args, **kwargs):
+                if k.shape[1] == shard_tokens and k.shape[1] != context.shape[1]:  # self-attention: every token
+                    k, v = _gather(k, total, world), _gather(v, total, world)
+                return func(q, k, v, *args, **kwargs)
+            options = dict(transformer_options, grid_sizes=tuple(grid_sizes), optimized_attention_override=attention)
+        blocks_replace = options.get("patches_replace", {}).get("dit", {})
+        for i, block in enumerate(m.blocks):
+            def block_wrap(args, block=block):
+                counts["blocks"] += 1
+                return {"img": block(args["img"], context=args["txt"], e=args["vec"], freqs=args["pe"],
+                                     transformer_options=args["transformer_options"])}
+            args = {"img": x, "txt": context, "vec": e0, "pe": freqs, "transformer_options": options}
+            replace = blocks_replace.get(("double_block", i))
+            x = (replace(args, {"original_block": block_wrap}) if replace else block_wrap(args))["img"]
+        x = m.head(x, e.reshape(timestep.shape[0], -1, e.shape[-1]))
+        if world > 1:
+            x = _gather(x, total, world)
+        return m.unpatchify(x, grid_sizes)[:, :, :t, :h, :w]
+    return forward
+
+
+def as_json(results) -> str:
+    """The decisions and counts of ``results`` (no tensors), for a readable assertion message."""
+    return json.dumps([{name: {k: v for k, v in run.items() if k != "output"} for name, run in r.get("runs", {}).items()}
+                       for r in results], default=str)[:4000]

@@ -1,0 +1,110 @@
+"""Sequence parallelism: two ranks (gloo on CPU) that share tiny Wan's tokens make one decision per evaluation.
+
+Each rank samples through the pack's real wrappers and block replacements while its blocks see only its shard
+of the tokens (tests/distributed_harness.py). The ranks must decide alike at every evaluation, issue the same
+collectives in the same order, and produce what one process produces on the whole sequence. With the change
+concentrated in one rank's shard, ranks that decide on their own shard diverge: the last test runs that
+unsynchronised variant and checks that the consistency check catches it.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distributed_harness as harness
+from comfy_harness import find_comfyui
+
+pytestmark = [
+    pytest.mark.skipif(find_comfyui() is None, reason="no ComfyUI found"),
+    pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="torch without gloo"),
+]
+
+DBCACHE = ("DBCache", {"front": 1, "back": 0, "threshold": 0.3, "warmup": 0.0, "max_consecutive_cached": -1})
+ADAPTIVE = ("AdaptiveCache", {"threshold": 1.0, "start_percent": 0.0})
+SCENARIOS = [
+    # block level: the probe residual is a token shard, its relative L1 is reduced over the ranks
+    {"name": "dbcache", "chain": DBCACHE, "reference": True},
+    # the same, with the change between steps concentrated in rank 0's shard
+    {"name": "concentrated", "chain": DBCACHE, "reference": True, "concentrate": 2.0},
+    # whole-model level: the latent is replicated on every rank
+    {"name": "adaptive", "chain": ADAPTIVE, "reference": True},
+    # CFG-parallel (each rank runs one branch): whole-model caching works, block caching turns off with a note
+    {"name": "cfg_parallel/adaptive", "chain": ADAPTIVE, "reference": True, "cfg_parallel": True},
+    {"name": "cfg_parallel/dbcache", "chain": DBCACHE, "cfg_parallel": True},
+]
+AGREEING = [s["name"] for s in SCENARIOS if s.get("reference")]
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return harness.run_ranks(2, SCENARIOS)
+
+
+def decisions(run) -> list:
+    return [(e["index"], e["decisions"]) for e in run["evaluations"]]
+
+
+def assert_consistent(results, name):
+    """Both ranks finished, decided alike at every evaluation, ran the same blocks and issued the same
+    collectives in the same order, with one agreement on every evaluation."""
+    for r in results:
+        assert "error" not in r, r["error"]
+    run0, run1 = (r["runs"][name] for r in results)
+    assert decisions(run0) == decisions(run1), f"{name}: the ranks decided differently\n{harness.as_json(results)}"
+    assert run0["blocks"] == run1["blocks"]
+    assert run0["collectives"] == run1["collectives"], f"{name}: the ranks issued different collectives"
+    agreements = [c for c in run0["collectives"] if "MAX" in c]
+    assert len(agreements) == len(run0["evaluations"]) == harness.STEPS, \
+        f"{name}: not one agreement per evaluation, forced ones included: {agreements}"
+
+
+@pytest.mark.parametrize("name", AGREEING)
+def test_ranks_make_one_decision_per_evaluation(ranks, name):
+    assert_consistent(ranks, name)
+    made = [d for _, ds in decisions(ranks[0]["runs"][name]) for d in ds.values()]
+    assert True in made and False in made, \
+        f"{name}: nothing skipped or nothing computed; the test proves nothing: {harness.as_json(ranks[:1])}"
+
+
+@pytest.mark.parametrize("name", AGREEING)
+def test_output_and_decisions_equal_one_process(ranks, name):
+    single = ranks[0]["runs"][name + "/single"]
+    assert not any("MAX" in c or "SUM" in c for c in single["collectives"]), "one process issued collectives"
+    for r in ranks:
+        run = r["runs"][name]
+        assert decisions(run) == decisions(single)
+        for shared, alone in zip(run["evaluations"], single["evaluations"]):
+            if alone["metric"] is not None:  # reduced exactly, the shard padding left out
+                assert shared["metric"] == pytest.approx(alone["metric"], rel=1e-6)
+        torch.testing.assert_close(run["output"], single["output"], rtol=1e-5, atol=1e-5)
+
+
+def test_metrics_are_reduced_over_the_shards(ranks):
+    """The block-level metric is one sum over both shards: one SUM reduction per measured evaluation, and the
+    ranks see the same value although their shards changed by very different amounts."""
+    run = ranks[0]["runs"]["concentrated"]
+    reductions = [c for c in run["collectives"] if "SUM" in c]
+    measured = [e for e in run["evaluations"] if e["metric"] is not None]
+    assert measured and len(reductions) == len(measured)
+    assert [e["metric"] for e in measured] == [e["metric"] for e in ranks[1]["runs"]["concentrated"]["evaluations"]
+                                               if e["metric"] is not None]
+
+
+def test_cfg_parallel_turns_block_caching_off_with_a_note(ranks):
+    """Under CFG-parallel the blocks see one branch's rows; block caching would silently never skip. It is
+    switched off, said once, and every block runs on both ranks (the same run without CFG-parallel skips)."""
+    runs = [r["runs"]["cfg_parallel/dbcache"] for r in ranks]
+    for run in runs:
+        assert [n for n in run["notes"] if "CFG-parallel" in n], run["notes"]
+        assert [e["blocks_run"] for e in run["evaluations"]] == [3] * harness.STEPS
+    assert runs[0]["collectives"] == runs[1]["collectives"]
+    assert any(e["blocks_run"] < 3 for e in ranks[0]["runs"]["dbcache"]["evaluations"])
+
+
+def test_unsynchronised_ranks_diverge():
+    """The same concentrated run with no rank group (each rank decides on its own shard): the check above must
+    catch it, or the concentrated scenario would not be testing anything."""
+    results = harness.run_ranks(2, [SCENARIOS[1] | {"reference": False}], sync=False, timeout_s=20)
+    with pytest.raises(AssertionError):
+        assert_consistent(results, "concentrated")
