@@ -146,6 +146,8 @@ class LoopState:
         self.evaluation: Evaluation | None = None
         self.current_forward: Forward | None = None
         self.card = None
+        self.cache_bytes: dict[str, int] = {}       # device -> bytes of tensors the run holds now
+        self.cache_peak_bytes: dict[str, int] = {}  # the same when the run held the most
         self._windows = {d.id: self._window(d) for d in chain.deciders}
 
     # -- schedule ---------------------------------------------------------------------------------
@@ -182,6 +184,7 @@ class LoopState:
     def end_evaluation(self) -> None:
         ev = self.evaluation
         if ev is not None:
+            self.measure_cache()
             for obs in self.observers:
                 obs.on_evaluation_end(self, ev)
         self.evaluation = None
@@ -292,6 +295,15 @@ class LoopState:
         slot = self.plugin_state[self.estimator.id].get(key, {}).get(name)
         return slot is not None and self.estimator.ready(slot)
 
+    def measure_cache(self) -> None:
+        """Count the bytes of every tensor the run keeps between evaluations (estimator slots, decider anchors,
+        recordings), per device, and keep the peak. Views of one tensor count once, with their whole storage:
+        that is what stays allocated."""
+        held = held_bytes((self.plugin_state, self.run_states, self.branch_states, self.shared))
+        self.cache_bytes = held
+        if sum(held.values()) > sum(self.cache_peak_bytes.values()):
+            self.cache_peak_bytes = held
+
     def release_caches(self) -> None:
         """Drop the per-branch caches once the run is over. A run's state can outlive its run (a report that
         plots it, an exception's traceback); its cached tensors need not. ``records`` and ``shared`` (run-level
@@ -303,6 +315,32 @@ class LoopState:
     def estimate(self, key: BranchKey, name: str, sigma: float, like: torch.Tensor) -> torch.Tensor:
         value = self.estimator.estimate(self.plugin_state[self.estimator.id][key][name], sigma)
         return value.to(device=like.device, dtype=like.dtype)
+
+
+def held_bytes(root) -> dict[str, int]:
+    """Bytes of the distinct tensor storages reachable from ``root`` through dicts, lists, tuples, sets and
+    dataclasses, per device (``{"cuda:0": 123}``)."""
+    storages, visited, out, stack = set(), set(), {}, [root]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            ident = (storage.data_ptr(), str(obj.device))
+            if ident not in storages:
+                storages.add(ident)
+                out[str(obj.device)] = out.get(str(obj.device), 0) + storage.nbytes()
+        elif id(obj) in visited:
+            continue
+        elif isinstance(obj, dict):
+            visited.add(id(obj))
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            visited.add(id(obj))
+            stack.extend(obj)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            visited.add(id(obj))
+            stack.extend(getattr(obj, f.name, None) for f in dataclasses.fields(obj))
+    return out
 
 
 def _new_state(interceptor, kind: str):
