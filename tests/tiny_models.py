@@ -527,3 +527,25 @@ def latent(family: str, batch: int = 1, seed: int | None = None, size: int = 16)
 def block_groups(family: str) -> dict:
     """``{patches_replace["dit"] block name: count}`` of the tiny ``family`` model."""
     return dict(_spec(family)[4])
+
+
+# A Wan 2.1 that ComfyUI's checkpoint detection recognises from its state dict alone (comfy.model_detection
+# reads the width from the weights and fixes 128-wide heads and a 4096-wide text encoder), for tests that load
+# a file through ComfyUI's own loaders (UNETLoader and its weight_dtype).
+LOADABLE_WAN = dict(_SPECS["wan21"][1], dim=128, ffn_dim=256, num_heads=1, text_dim=4096)
+LOADABLE_WAN_CONTEXT_DIM = 4096
+
+
+def save_loadable_wan(path, dtype=torch.float32, seed: int = 0) -> dict:
+    """Write the loadable tiny Wan's diffusion-model weights to a safetensors file, stored in ``dtype``.
+    Returns the state dict as written."""
+    import comfy.supported_models
+    from safetensors.torch import save_file
+
+    config = comfy.supported_models.WAN21_T2V(dict(LOADABLE_WAN))
+    config.set_inference_dtype(torch.float32, None)
+    model = config.get_model({})
+    init_weights(model.diffusion_model, seed)
+    state = {k: v.to(dtype).contiguous() for k, v in model.diffusion_model.state_dict().items()}
+    save_file(state, str(path))
+    return state
