@@ -115,3 +115,22 @@ def test_real_shapes_are_those_of_the_model_cards():
     assert (qwen.image_tokens, qwen.hidden) == (83 * 83, 3072)
     # one bf16 Wan 720p image stream: 75600 tokens x 5120 x 2 bytes
     assert wan720.image_stream == 774_144_000
+
+
+@pytest.mark.parametrize("method", ["dbcache", "teacache", "magcache"])
+def test_a_wan_run_holds_what_the_memory_table_predicts(comfy, method):
+    """Wan's layout: one image stream, text by cross-attention, TeaCache's anchor the small timestep embedding."""
+    import nodes
+    adapter, core = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    runs = []
+    # TeaCache's Wan polynomial rescales the tiny random model's changes to tens of thousands per step
+    decider = core.TeaCache(threshold=3e5) if method == "teacache" else SKIPPING[method](core)
+    chain = core.InterceptorChain.of([decider, core.TaylorSeer(order=1)])
+    pos, neg = tiny_models.conditioning("wan21", seed=1)
+    nodes.common_ksampler(adapter.install(tiny_models.build("wan21"), chain, on_run_end=lambda r, s: runs.append(r)),
+                          42, STEPS, 5.0, "euler", "simple", pos, neg, tiny_models.latent("wan21"))
+    assert sum(r.skipped for r in runs[0].records) >= 2
+    # 2 latent frames of 16x16, patch 1x2x2 -> 128 tokens; hidden 64; float32 blocks; cond and uncond
+    tiny_wan = memory.StreamShape("tiny Wan", "wan", "image", image_tokens=128, text_tokens=0, hidden=64,
+                                  latent_elements=16 * 2 * 16 * 16, branches=2, stream_bytes=4)
+    assert sum(runs[0].cache_peak_bytes.values()) == memory.cache_memory(tiny_wan, method, 1).total
