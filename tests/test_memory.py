@@ -24,6 +24,7 @@ STEPS = 12
 
 
 def test_held_bytes_counts_each_storage_once_per_device_through_dicts_lists_and_dataclasses():
+    """Views of one tensor count once, with their whole storage (what stays allocated)."""
     @dataclasses.dataclass
     class Anchor:
         residual: torch.Tensor
