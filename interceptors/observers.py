@@ -1,6 +1,8 @@
 """Read-only observers that run with every chain."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .base import NonFiniteOutputError, Observer
@@ -29,7 +31,57 @@ class NaNWatch(Observer):
             estimator = run.chain.estimator
             if any(ic is estimator for ic in run.chain):  # a chained estimator made the substitute
                 who = f"{who} skipped this step's model work and {estimator.label} estimated it"
+            culprit = out_of_range(run, forward)
+            if culprit:
+                who = f"{who}; {culprit}"
             who += " (try a lower threshold, or remove the caching node to check)"
         raise NonFiniteOutputError(
             f"NaN/Inf in the model output at step {ev.step + 1}/{ev.total_steps} (sigma {ev.sigma:.4g}), "
             f"branch {', '.join(branches)}; in charge: {who}.")
+
+
+def out_of_range(run, forward) -> str | None:
+    """Which substituted value was not finite in the dtype it was used in, e.g. a float16 forecast beyond
+    float16's range (65504), which becomes Inf when cast back into the model's stream. Only called once a
+    non-finite output has been found, so it may take its time."""
+    estimator = run.chain.estimator
+    for key in forward.keys:
+        cache = run.caches.get(key)
+        for name, slot in (cache.slots.items() if cache is not None else ()):
+            if not estimator.ready(slot):
+                continue
+            stored = _first_tensor(slot)
+            value = estimator.estimate(slot, forward.evaluation.sigma, _slot_device(slot))
+            what = f"the {_quantity(name)} of branch {key.name}"
+            if not bool(torch.isfinite(value).all()):
+                return f"{estimator.display_name}'s value for {what} was NaN/Inf"
+            if stored is None or not stored.is_floating_point():
+                continue
+            limit, peak = torch.finfo(stored.dtype).max, float(value.abs().max())
+            if peak > limit:
+                dtype = str(stored.dtype).removeprefix("torch.")
+                return (f"{estimator.display_name}'s value for {what} reached {peak:.4g}, beyond {dtype}'s range "
+                        f"({limit:.6g}), and overflowed to Inf in the model's {dtype} stream")
+    return None
+
+
+def _quantity(name: str) -> str:
+    if name == "output":
+        return "model output"
+    segment, _, stream = name.partition(".")
+    return f"residual of block segment {segment} ({stream} stream)"
+
+
+def _first_tensor(obj) -> torch.Tensor | None:
+    """A tensor the slot holds: what the estimator was handed, in the dtype the model produced it."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if dataclasses.is_dataclass(obj):
+        obj = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return next((t for t in map(_first_tensor, items) if t is not None), None)
+
+
+def _slot_device(slot) -> torch.device:
+    stored = _first_tensor(slot)
+    return stored.device if stored is not None else torch.device("cpu")

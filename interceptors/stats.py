@@ -23,6 +23,8 @@ class RunSummary:
     work_done: float = 0.0                        # batch chunks' worth of model work really done
     work_total: float = 0.0                       # ... and what the plain sampler would have done
     notes: tuple[str, ...] = ()                   # what the run switched off or could not do
+    cache_bytes: dict[str, int] = dataclasses.field(default_factory=dict)       # device -> bytes held at the end
+    cache_peak_bytes: dict[str, int] = dataclasses.field(default_factory=dict)  # device -> bytes at the peak
 
     @property
     def work_saved(self) -> float:
@@ -35,6 +37,20 @@ class RunSummary:
     def estimated_speedup(self) -> float:
         return 1.0 / max(1.0 - self.work_saved, 1e-6)
 
+    @property
+    def cache_text(self) -> str:
+        """'cache 1.2 GB on cuda:0 (peak 1.3 GB)': what the run's caches held at its end, and at most."""
+        end = sum(self.cache_bytes.values())
+        peak = sum(self.cache_peak_bytes.values())
+        devices = self.cache_peak_bytes or self.cache_bytes
+        where = " + ".join(f"{format_bytes(b)} on {d}" for d, b in sorted(devices.items(), key=lambda kv: -kv[1]))
+        if not where:
+            return "cache empty"
+        if len(devices) > 1:
+            return f"cache peak {where}; {format_bytes(end)} at the end"
+        return f"cache {format_bytes(end)} on {next(iter(devices))}" + (
+            f" (peak {format_bytes(peak)})" if peak != end else "")
+
     def text(self) -> str:
         order = {"cond": 0, "uncond": 1}
         branches = sorted(self.branches.items(), key=lambda kv: (order.get(kv[0].split("#")[0], 2), kv[0]))
@@ -42,7 +58,7 @@ class RunSummary:
         acted = ", ".join(self.acted) if self.acted else "none"
         return (f"computed {self.evaluations - self.evaluations_skipped}/{self.evaluations} model evaluations "
                 f"({per_branch}); model work saved {self.work_saved:.0%}, estimated speedup "
-                f"{self.estimated_speedup:.2f}x; acted: {acted}")
+                f"{self.estimated_speedup:.2f}x; {self.cache_text}; acted: {acted}")
 
 
 def summarize(run: LoopState, seconds: float = 0.0) -> RunSummary:
@@ -66,7 +82,17 @@ def summarize(run: LoopState, seconds: float = 0.0) -> RunSummary:
         acted=acted,
         seconds=seconds,
         notes=tuple(run.notes),
+        cache_bytes=dict(run.cache_bytes),
+        cache_peak_bytes=dict(run.cache_peak_bytes),
         work_done=sum(r.chunks_computed * (r.blocks_run / r.blocks_total if r.blocks_total else 1.0)
                       for r in run.records),
         work_total=sum(r.chunks_total for r in run.records),
     )
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: '0 B', '512 B', '3.4 KB', '1.2 GB' (decimal units, as GPU tools show them)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}" if n < 100 * size else f"{n / size:.0f} {unit}"
+    return f"{n} B"

@@ -6,6 +6,12 @@ steps. Step counts are a poor clock in ComfyUI, whose schedules are non-uniform 
 so the differences here are divided differences in sigma, and the forecast is the polynomial through
 the last ``order + 1`` computed points evaluated at the current sigma (Newton/Lagrange form). It keeps
 ``order + 1`` tensors per cached quantity, not one per module as the original does.
+
+Points are kept in the dtype they arrive in (the model's compute dtype for block residuals: half the memory
+of float32 in bf16/fp16, and measured to give the same images, see the README), but the combination is
+formed in float32 (or wider): extrapolation weights exceed 1 and have mixed signs, so in half precision each product
+would be rounded at its own, larger magnitude before nearly equal terms cancel. The caller casts the result
+to the dtype it needs.
 """
 from __future__ import annotations
 
@@ -45,9 +51,10 @@ class TaylorSeer(Estimator):
     def estimate(self, slot: Slot, sigma: float, device: torch.device) -> torch.Tensor:
         points = slot.points
         weights = lagrange_weights([s for s, _ in points], sigma)
-        out = points[0][1].to(device) * weights[0]
+        first = points[0][1]
+        out = first.to(device=device, dtype=torch.promote_types(first.dtype, torch.float32)) * weights[0]
         for (_, value), w in zip(points[1:], weights[1:]):
-            out = out + value.to(device) * w
+            out.add_(value.to(device), alpha=w)  # accumulates in ``out``'s dtype: float32 (float64 for a float64 model)
         return out
 
 

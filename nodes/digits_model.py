@@ -109,12 +109,13 @@ def _digits_config_class(flux_schnell):
     return type("DigitsFlux", (flux_schnell,), {"__doc__": "Tiny many-step Flux trained on 8x8 digits."})
 
 
-def build_model(unet_config=None, device="cpu", initialise=True):
+def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.float32):
     """Build a tiny Flux model through ComfyUI's real classes.
 
     Returns a ``comfy.model_patcher.ModelPatcher`` wrapping a
     ``comfy.model_base.Flux`` (FLOW model type, FluxSchnell sampling
-    settings) in float32.  Weights are freshly initialised unless
+    settings) computing in ``dtype`` (float32 by default; bfloat16 or float16 as
+    ComfyUI runs a model on a GPU that supports them).  Weights are freshly initialised unless
     ``initialise`` is False.
     """
     import comfy.model_patcher
@@ -122,7 +123,7 @@ def build_model(unet_config=None, device="cpu", initialise=True):
 
     config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
     model_config = _digits_config_class(comfy.supported_models.FluxSchnell)(config)
-    model_config.set_inference_dtype(torch.float32, None)
+    model_config.set_inference_dtype(dtype, None)
     model = model_config.get_model({})
     if initialise:
         init_weights(model.diffusion_model)
@@ -164,7 +165,7 @@ def load_metadata(path=None):
     return dict(_load_file_cached(os.path.abspath(path or WEIGHTS_PATH))[1])
 
 
-def load_model(path=None, device="cpu"):
+def load_model(path=None, device="cpu", dtype=torch.float32):
     """Load the committed model as a ComfyUI ModelPatcher ready to sample.
 
     The UNet config is read from the file metadata (``unet_config``), the
@@ -173,7 +174,7 @@ def load_model(path=None, device="cpu"):
     """
     tensors, metadata = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
     config = json.loads(metadata["unet_config"])
-    patcher = build_model(config, device=device, initialise=False)
+    patcher = build_model(config, device=device, initialise=False, dtype=dtype)
     prefix = "diffusion_model."
     state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     patcher.model.diffusion_model.load_state_dict(state, strict=True)

@@ -121,7 +121,7 @@ class RunReport:
         branches = ", ".join(f"{name} {done}/{seen}" for name, (done, seen) in _branches(s))
         lines = [f"computed {computed}/{s.evaluations} {unit}" + (f" ({branches})" if branches else ""),
                  f"model work saved {_fraction(s.work_saved)}, estimated speedup {s.estimated_speedup:.2f}x, "
-                 f"sampling took {s.seconds:.2f} s"]
+                 f"sampling took {s.seconds:.2f} s, {s.cache_text}"]
         acted = ", ".join(_name(a) for a in s.acted) if s.acted else "none (nothing was skipped)"
         lines.append(f"acted: {acted}")
         lines.extend(f"note: {n}" for n in s.notes)
@@ -148,6 +148,7 @@ class RunReport:
                 "branches": {name: list(v) for name, v in _branches(s)},
                 "work_saved": round(s.work_saved, 4), "speedup": round(s.estimated_speedup, 3),
                 "seconds": round(s.seconds, 3), "acted": [_name(a) for a in s.acted], "notes": list(s.notes),
+                "cache_bytes": dict(s.cache_bytes), "cache_peak_bytes": dict(s.cache_peak_bytes),
                 "decisions": "".join("s" if r.skipped else "c" for r in run.records),
             })
         return {"empty": self.chain.empty, "methods": self.methods,

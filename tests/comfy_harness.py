@@ -35,6 +35,15 @@ def find_comfyui() -> Path | None:
     return None
 
 
+def find_gguf_nodes(comfy_path: Path) -> Path | None:
+    """city96's ComfyUI-GGUF: ``COMFYUI_GGUF_PATH``, else a folder of the ComfyUI's custom_nodes named like it."""
+    candidates = [Path(os.environ["COMFYUI_GGUF_PATH"]).expanduser()] if os.environ.get("COMFYUI_GGUF_PATH") else []
+    custom = comfy_path / "custom_nodes"
+    if custom.is_dir():
+        candidates += sorted(p for p in custom.iterdir() if "gguf" in p.name.lower())
+    return next((p for p in candidates if (p / "nodes.py").is_file() and (p / "loader.py").is_file()), None)
+
+
 def comfyui_version(path: Path) -> str:
     try:
         text = (path / "comfyui_version.py").read_text()

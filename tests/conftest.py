@@ -10,7 +10,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # nodes shared with the bench
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from comfy_harness import Comfy, comfyui_version, find_comfyui  # noqa: E402
+from comfy_harness import Comfy, comfyui_version, find_comfyui, find_gguf_nodes  # noqa: E402
 
 _COMFY = None
 
@@ -20,7 +20,10 @@ def pytest_report_header(config):
     if path is None:
         return ("!!! NO COMFYUI FOUND (set COMFYUI_PATH, install the pack in ComfyUI/custom_nodes, or put one at "
                 "~/ComfyUI): ALL INTEGRATION TESTS WILL BE SKIPPED !!!")
-    return f"ComfyUI for integration tests: {path} (version {comfyui_version(path)})"
+    gguf = find_gguf_nodes(path)
+    return [f"ComfyUI for integration tests: {path} (version {comfyui_version(path)})",
+            f"ComfyUI-GGUF for the GGUF tests: {gguf}" if gguf else
+            "!!! ComfyUI-GGUF is not installed in that ComfyUI (nor at COMFYUI_GGUF_PATH): THE GGUF TESTS WILL BE SKIPPED !!!"]
 
 
 @pytest.fixture(scope="session")

@@ -65,6 +65,7 @@ def test_progress_text_per_evaluation_then_summary(comfy):
     assert lines[0] == "First Block Cache + TaylorSeer"
     assert lines[1] == f"computed {run['computed']}/12 steps (cond {run['computed']}/12, uncond {run['computed']}/12)"
     assert lines[2].startswith(f"model work saved {run['work_saved']:.0%}, estimated speedup {run['speedup']:.2f}x")
+    assert lines[2].endswith(f"s, cache {run['cache_bytes']['cpu'] / 1e3:.3g} KB on cpu"), lines[2]
     assert lines[3] == "acted: First Block Cache (node fbc)"
     assert data["interceptors"] == ["First Block Cache (node fbc)", "TaylorSeer Forecast (node ts)"]
     assert data["metric"] == "residual change (relative L1)"

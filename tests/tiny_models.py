@@ -569,3 +569,56 @@ def latent(family: str, batch: int = 1, seed: int | None = None, size: int = 16)
 def block_groups(family: str) -> dict:
     """``{patches_replace["dit"] block name: count}`` of the tiny ``family`` model."""
     return dict(_spec(family)[4])
+
+
+# A Wan 2.1 that ComfyUI's checkpoint detection recognises from its state dict alone (comfy.model_detection
+# reads the width from the weights and fixes 128-wide heads and a 4096-wide text encoder), for tests that load
+# a file through ComfyUI's own loaders (UNETLoader and its weight_dtype).
+LOADABLE_WAN = dict(_SPECS["wan21"][1], dim=128, ffn_dim=256, num_heads=1, text_dim=4096)
+LOADABLE_WAN_CONTEXT_DIM = 4096
+
+
+def loadable_wan_state(dtype=torch.float32, seed: int = 0) -> dict:
+    """The loadable tiny Wan's diffusion-model weights (seeded), in ``dtype``."""
+    import comfy.supported_models
+
+    config = comfy.supported_models.WAN21_T2V(dict(LOADABLE_WAN))
+    config.set_inference_dtype(torch.float32, None)
+    model = config.get_model({})
+    init_weights(model.diffusion_model, seed)
+    return {k: v.to(dtype).contiguous() for k, v in model.diffusion_model.state_dict().items()}
+
+
+def save_loadable_wan(path, dtype=torch.float32, seed: int = 0) -> dict:
+    """Write the loadable tiny Wan to a safetensors file, stored in ``dtype``; returns what was written."""
+    from safetensors.torch import save_file
+
+    state = loadable_wan_state(dtype, seed)
+    save_file(state, str(path))
+    return state
+
+
+def save_loadable_wan_gguf(path, seed: int = 0) -> dict:
+    """Write the loadable tiny Wan as a GGUF file the way quantized community models are made (the ``gguf``
+    package's writer, architecture ``wan``): 2-D weights quantized to Q8_0, everything else float32, tensors
+    of more than 4 dimensions (the patch embedding) flattened with their shape in ``comfy.gguf.orig_shape``.
+    Returns the float32 weights the file was made from."""
+    import gguf
+
+    state = loadable_wan_state(torch.float32, seed)
+    writer = gguf.GGUFWriter(str(path), arch="wan")
+    for name, value in state.items():
+        data = value.numpy()
+        if value.ndim > 4:
+            writer.add_array(f"comfy.gguf.orig_shape.{name}", list(value.shape))
+            data = data.reshape(value.shape[0], -1)
+        if value.ndim == 2 and value.shape[-1] % 32 == 0:
+            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return state

@@ -576,3 +576,69 @@ TEST_NODES.update({
     "TestTinyQwenDiffsynthControlNet": TinyQwenDiffsynthControlNet, "TestTinyConditioningWithout": TinyConditioningWithout,
     "TestTinyModelWithout": TinyModelWithout,
 })
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Nodes for the dtype tests (tests/test_dtypes.py).
+# ------------------------------------------------------------------------------------------------------------
+
+class TinyConditioningWidth:
+    """Conditioning of any text-feature width (a loaded model expects its real text encoder's, e.g. 4096)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"width": ("INT", {"default": 4096}), "seed": ("INT", {"default": 1}),
+                             "length": ("INT", {"default": 4})}}
+
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, width, seed, length):
+        import torch
+        gen = torch.Generator().manual_seed(seed)
+        return tuple([[torch.randn(1, length, width, generator=gen), {}]] for _ in range(2))
+
+
+@_fresh
+class SpikeAt:
+    """Adds ``value`` to the image stream a block returns in diffusion-model forward number ``at`` (from 0 within
+    each sampling run): an activation spike, as in half-precision models near their range. Registered before
+    any caching node, which chains to it."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "group": ("STRING", {"default": "single_block"}),
+                             "index": ("INT", {"default": 0}), "at": ("INT", {"default": 4}),
+                             "value": ("FLOAT", {"default": 60000.0, "min": -1e9, "max": 1e9})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, group, index, at, value):
+        import comfy.patcher_extension
+        m = model.clone()
+        counter = {"n": -1}
+
+        def outer(executor, *args, **kwargs):
+            counter["n"] = -1
+            return executor(*args, **kwargs)
+
+        def forward(executor, *args, **kwargs):
+            counter["n"] += 1
+            return executor(*args, **kwargs)
+
+        def replacement(args, extra):
+            out = dict(extra["original_block"](args))
+            if counter["n"] == at:
+                out["img"] = out["img"] + value
+            return out
+
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, "test_spike", outer)
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_spike", forward)
+        m.set_model_patch_replace(replacement, "dit", group, index)
+        return (m,)
+
+
+TEST_NODES.update({"TestTinyConditioningWidth": TinyConditioningWidth, "TestSpikeAt": SpikeAt})

@@ -1,0 +1,112 @@
+"""How many bytes each caching method keeps between steps, from the shape of a model's block stream.
+
+The same accounting the run itself does (``LoopState.measure_cache``), as arithmetic, so memory can be
+known before a 14B video model is loaded. Per CFG branch a run keeps:
+
+* block-level methods (DBCache, First Block Cache, TeaCache, MagCache): one residual per skippable
+  segment and stream, in the model's compute dtype, ``points`` of them (1 when reusing, ``order + 1``
+  with TaylorSeer); plus the decider's anchor: the probe block's image-stream residual (DBCache, First
+  Block Cache) or block 0's modulated input (TeaCache; for Wan its timestep embedding e0); MagCache keeps
+  only numbers;
+* whole-model methods (Fixed Cadence, Adaptive Cache): ``points`` model outputs in float32 (ComfyUI hands
+  the sampler float32), and the Adaptive Cache three more latent-sized tensors (its input and output
+  anchors and the last input).
+
+The cached values go to the CPU with ``cache_on_cpu``; anchors stay where the model runs. A forward that
+computes also holds one clone of each segment's input while its blocks run (transient, not counted here),
+and a forecast is formed in float32, one cached quantity at a time.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+BLOCK_METHODS = ("dbcache", "teacache", "magcache")  # First Block Cache keeps what DBCache keeps
+MODEL_METHODS = ("fixed_cadence", "adaptive")
+FLOAT32 = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamShape:
+    """One model at one resolution, as its blocks see it.
+
+    ``layout`` says which streams the skippable segments carry: ``"joint"`` (Flux, HunyuanVideo: image and
+    text streams in the double blocks, then both joined in the single blocks), ``"double"`` (Qwen-Image:
+    image and text streams), ``"image"`` (Wan: the image stream only; the text enters by cross-attention).
+    """
+
+    name: str
+    family: str
+    layout: str
+    image_tokens: int
+    text_tokens: int
+    hidden: int
+    latent_elements: int          # the model output of one branch
+    branches: int                 # CFG branches sampled: 1 for guidance-distilled models at cfg 1
+    stream_bytes: int = 2         # bfloat16 blocks
+
+    @property
+    def image_stream(self) -> int:
+        """Bytes of one branch's image stream: the unit the bound in the tests counts in."""
+        return self.image_tokens * self.hidden * self.stream_bytes
+
+    @property
+    def segment_streams(self) -> int:
+        """Bytes of one branch's residuals of every skippable segment and stream (one point in time)."""
+        tokens = {"joint": 2 * (self.image_tokens + self.text_tokens),
+                  "double": self.image_tokens + self.text_tokens,
+                  "image": self.image_tokens}[self.layout]
+        return tokens * self.hidden * self.stream_bytes
+
+    def anchor(self, method: str) -> int:
+        if method == "dbcache":
+            return self.image_stream
+        if method == "teacache":
+            return 6 * self.hidden * self.stream_bytes if self.family == "wan" else self.image_stream
+        if method == "adaptive":
+            return 3 * self.latent_elements * FLOAT32
+        return 0
+
+    def cached(self, method: str, points: int) -> int:
+        per_point = self.segment_streams if method in BLOCK_METHODS else self.latent_elements * FLOAT32
+        return points * per_point
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheMemory:
+    on_model_device: int
+    on_cpu: int
+
+    @property
+    def total(self) -> int:
+        return self.on_model_device + self.on_cpu
+
+
+def cache_memory(shape: StreamShape, method: str, order: int | None = None, cache_on_cpu: bool = False,
+                 branches: int | None = None) -> CacheMemory:
+    """Bytes ``method`` keeps for ``shape`` (``order`` None: reuse, else TaylorSeer's order), all branches."""
+    if method == "fbcache":
+        method = "dbcache"
+    points = 1 if order is None else order + 1
+    n = shape.branches if branches is None else branches
+    anchor, cached = n * shape.anchor(method), n * shape.cached(method, points)
+    return CacheMemory(anchor, cached) if cache_on_cpu else CacheMemory(anchor + cached, 0)
+
+
+def video(name: str, family: str, layout: str, frames: int, height: int, width: int, text_tokens: int,
+          hidden: int, branches: int) -> StreamShape:
+    """A Wan/HunyuanVideo clip: 16-channel latent, 8x smaller in space and 4x in time, patch 1x2x2."""
+    latent_frames, h, w = (frames - 1) // 4 + 1, height // 8, width // 8
+    return StreamShape(name, family, layout, latent_frames * (h // 2) * (w // 2), text_tokens, hidden,
+                       16 * latent_frames * h * w, branches)
+
+
+# Real shapes from the model cards, blocks in bfloat16. Text tokens: Flux's T5 at 512; HunyuanVideo's and
+# Qwen-Image's prompts vary with the prompt, 256 taken as typical. Branches: FLUX.1-dev and HunyuanVideo are
+# guidance-distilled (cfg 1, one branch); Wan and Qwen-Image sample with CFG (two).
+REAL_SHAPES = (
+    StreamShape("FLUX.1-dev 1024x1024", "flux", "joint", 64 * 64, 512, 3072, 16 * 128 * 128, branches=1),
+    video("Wan 2.1 14B 480p, 81 frames", "wan", "image", 81, 480, 832, 0, 5120, branches=2),
+    video("Wan 2.1 14B 720p, 81 frames", "wan", "image", 81, 720, 1280, 0, 5120, branches=2),
+    video("HunyuanVideo 720p, 129 frames", "hunyuan_video", "joint", 129, 720, 1280, 256, 3072, branches=1),
+    StreamShape("Qwen-Image 1328x1328", "qwen_image", "double", 83 * 83, 256, 3072, 16 * 166 * 166, branches=2),
+)
