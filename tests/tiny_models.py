@@ -73,6 +73,25 @@ _SDXL_ADM = POOLED_DIM + 6 * 256
 
 # family -> (supported_models class name, unet_config, latent channels,
 #            latent frames (0 = 4-D image latent), patches_replace["dit"] blocks)
+# Wan 2.1's block layout at a tiny width; the Wan families below differ from it only where named.
+_WAN = {
+    "image_model": "wan2.1",
+    "model_type": "t2v",
+    "patch_size": (1, 2, 2),
+    "in_dim": 16,
+    "out_dim": 16,
+    "dim": 64,
+    "ffn_dim": 128,
+    "freq_dim": 256,
+    "text_dim": CONTEXT_DIM,
+    "num_heads": 2,
+    "num_layers": 3,
+    "window_size": (-1, -1),
+    "qk_norm": True,
+    "cross_attn_norm": True,
+    "eps": 1e-6,
+}
+
 _SPECS = {
     # Flux.1 dev: double + single stream blocks, guidance embedding, pooled CLIP vector.
     "flux": ("Flux", {
@@ -167,64 +186,13 @@ _SPECS = {
         "vec_in_dim": None,
     }, 16, 0, {"double_block": 2, "single_block": 2}),
     # Wan 2.1 text-to-video.
-    "wan21": ("WAN21_T2V", {
-        "image_model": "wan2.1",
-        "model_type": "t2v",
-        "patch_size": (1, 2, 2),
-        "in_dim": 16,
-        "out_dim": 16,
-        "dim": 64,
-        "ffn_dim": 128,
-        "freq_dim": 256,
-        "text_dim": CONTEXT_DIM,
-        "num_heads": 2,
-        "num_layers": 3,
-        "window_size": (-1, -1),
-        "qk_norm": True,
-        "cross_attn_norm": True,
-        "eps": 1e-6,
-    }, 16, 2, {"double_block": 3}),
+    "wan21": ("WAN21_T2V", _WAN, 16, 2, {"double_block": 3}),
     # Wan 2.2 TI2V-5B: 48-channel latent (Wan 2.2 VAE), per-token timesteps.
-    "wan22": ("WAN22_T2V", {
-        "image_model": "wan2.1",
-        "model_type": "t2v",
-        "patch_size": (1, 2, 2),
-        "in_dim": 48,
-        "out_dim": 48,
-        "dim": 64,
-        "ffn_dim": 128,
-        "freq_dim": 256,
-        "text_dim": CONTEXT_DIM,
-        "num_heads": 2,
-        "num_layers": 3,
-        "window_size": (-1, -1),
-        "qk_norm": True,
-        "cross_attn_norm": True,
-        "eps": 1e-6,
-    }, 48, 2, {"double_block": 3}),
+    "wan22": ("WAN22_T2V", dict(_WAN, in_dim=48, out_dim=48), 48, 2, {"double_block": 3}),
     # Wan 2.2 S2V (speech to video): Wan 2.1 blocks; an audio injector adds its output to the stream after
     # every block listed in audio_inject_layers (all three here) when the conditioning carries audio.
-    "wan22_s2v": ("WAN22_S2V", {
-        "image_model": "wan2.1",
-        "model_type": "s2v",
-        "patch_size": (1, 2, 2),
-        "in_dim": 16,
-        "out_dim": 16,
-        "dim": 64,
-        "ffn_dim": 128,
-        "freq_dim": 256,
-        "text_dim": CONTEXT_DIM,
-        "num_heads": 2,
-        "num_layers": 3,
-        "window_size": (-1, -1),
-        "qk_norm": True,
-        "cross_attn_norm": True,
-        "eps": 1e-6,
-        "audio_dim": AUDIO_DIM,
-        "num_audio_token": 4,
-        "cond_dim": 16,
-        "audio_inject_layers": [0, 1, 2],
-    }, 16, 2, {"double_block": 3}),
+    "wan22_s2v": ("WAN22_S2V", dict(_WAN, model_type="s2v", audio_dim=AUDIO_DIM, num_audio_token=4, cond_dim=16,
+                                    audio_inject_layers=[0, 1, 2]), 16, 2, {"double_block": 3}),
     # HunyuanVideo (v1): token refiner, double + single blocks, pooled CLIP vector.
     "hunyuan_video": ("HunyuanVideo", {
         "image_model": "hunyuan_video",
