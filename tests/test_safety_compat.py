@@ -210,7 +210,7 @@ def test_on_a_compiled_model_exactly_the_block_level_and_compile_unsafe_intercep
 
     classes = [obj for obj in vars(ic).values() if isinstance(obj, type) and issubclass(obj, ic.Interceptor)
                and obj not in (ic.Interceptor, ic.Decider, ic.Estimator)] + [CompileUnsafe]
-    needs = {ic.PlannedSchedule: dict(compute=(0,), evaluations=1, steps=1)}  # an empty plan is refused
+    needs = {ic.PlannedSchedule: dict(compute=(0,), sigmas=(1.0,))}  # an empty plan is refused
     refused = set()
     for cls in classes:
         item = cls(**needs.get(cls, {})).with_node("X (node 9)")
