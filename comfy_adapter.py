@@ -193,7 +193,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
         if run is None:
             return executor(x, timestep, model_options, seed)
-        run.begin_evaluation(float(timestep.flatten()[0]))
+        run.begin_evaluation(float(timestep.flatten()[0])).from_sampler = True
         try:
             return executor(x, timestep, model_options, seed)
         finally:
@@ -203,7 +203,10 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         run = transformer_options.get(STATE_KEY)
         if run is None:
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
-        forward = run.begin_forward(float(t.flatten()[0]), x.shape[0], tuple(x.shape[1:]), x.dtype,
+        # the evaluation's sigma, read once when it began: reading ``t`` on every forward would stall the device
+        ev = run.evaluation
+        sigma = ev.sigma if ev is not None and ev.from_sampler else float(t.flatten()[0])
+        forward = run.begin_forward(sigma, x.shape[0], tuple(x.shape[1:]), x.dtype,
                                     transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
         forward.track_external = adds_between_blocks(card, control, transformer_options, kw)
         if block_slots and _slots_taken(transformer_options, block_slots):

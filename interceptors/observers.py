@@ -11,15 +11,30 @@ class NaNWatch(Observer):
 
     A skipped (substituted) output blames the decider that skipped it and the estimator that made the
     substitute, if one is chained; a computed one blames the model (often fp16 overflow), so users know
-    whether turning caching off would help.
+    whether turning caching off would help. Each forward leaves its rows' finiteness on the device; the flags
+    of all of an evaluation's forwards come over in one transfer when it ends, before the next model call, so
+    the watch costs one device sync per evaluation, not one per forward.
     """
 
     def on_forward(self, run, forward, output: torch.Tensor) -> None:
-        if torch.isfinite(output).all():
+        forward.evaluation.finite_rows.append((forward, torch.isfinite(output).reshape(len(output), -1).all(dim=1)))
+
+    def on_evaluation_end(self, run, ev) -> None:
+        checks, ev.finite_rows = ev.finite_rows, []
+        if not checks:
             return
-        bad = forward.split(~torch.isfinite(output).flatten(1).all(dim=1, keepdim=True).flatten())
-        branches = [k.name for k, rows in (bad or {}).items() if bool(rows.any())] or [k.name for k in forward.keys]
+        finite = torch.cat([rows for _, rows in checks]).tolist()
+        at = 0
+        for forward, rows in checks:
+            flags, at = finite[at:at + len(rows)], at + len(rows)
+            if not all(flags):
+                self._stop(run, forward, flags)
+
+    def _stop(self, run, forward, finite: list[bool]) -> None:
         ev = forward.evaluation
+        n = forward.rows
+        bad = [k.name for i, k in enumerate(forward.keys) if not all(finite[i * n:(i + 1) * n])]
+        branches = bad if len(finite) == n * len(forward.keys) and bad else [k.name for k in forward.keys]
         if forward.computed and not ev.decisions:
             who = "no interceptor (the model itself produced it; caching was not involved)"
         elif forward.computed:

@@ -85,6 +85,8 @@ class Evaluation:
     decisions: dict[str, bool] = dataclasses.field(default_factory=dict)
     skipped_by: set[str] = dataclasses.field(default_factory=set)  # deciders whose skip really happened
     occurrences: Counter = dataclasses.field(default_factory=Counter)
+    finite_rows: list = dataclasses.field(default_factory=list)  # (forward, its rows' finiteness) for the NaN watch
+    from_sampler: bool = False  # begun by the sampler's evaluation hook: ``sigma`` holds for every forward in it
 
     @property
     def is_last_step(self) -> bool:
