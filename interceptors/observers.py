@@ -12,32 +12,42 @@ class NaNWatch(Observer):
     A skipped (substituted) output blames the decider that skipped it and the estimator that made the
     substitute, if one is chained; a computed one blames the model (often fp16 overflow), so users know
     whether turning caching off would help. Each forward leaves its rows' finiteness on the device; the flags
-    of all of an evaluation's forwards come over in one transfer when it ends, before the next model call, so
-    the watch costs one device sync per evaluation, not one per forward.
+    come over in the transfer that reads the sigma of the sampler's next evaluation (:meth:`read_sigma`, before
+    that evaluation calls the model), or when the run ends (:meth:`check`), so the watch adds no device sync.
     """
 
     def on_forward(self, run, forward, output: torch.Tensor) -> None:
-        forward.evaluation.finite_rows.append((forward, torch.isfinite(output).reshape(len(output), -1).all(dim=1)))
+        # what the message needs, not the forward, whose tensors must not outlive the evaluation
+        finite = run.to_cache(torch.isfinite(output).reshape(len(output), -1).all(dim=1))
+        run.finite_rows.append(((forward.evaluation, forward.keys, forward.rows, forward.computed), finite))
 
-    def on_evaluation_end(self, run, ev) -> None:
-        checks, ev.finite_rows = ev.finite_rows, []
-        if not checks:
-            return
-        finite = torch.cat([rows for _, rows in checks]).tolist()
+    def read_sigma(self, run, timestep: torch.Tensor) -> float:
+        """The sigma of the evaluation the sampler begins, read in one transfer with the flags not yet checked."""
+        checks, run.finite_rows = run.finite_rows, []
+        host = torch.cat([timestep.flatten()[:1].to(torch.float64)]
+                         + [rows.to(timestep.device, torch.float64) for _, rows in checks]).tolist()
+        self._check(run, checks, host[1:])
+        return host[0]
+
+    def check(self, run) -> None:
+        """Read the flags not yet checked (at the end of the run)."""
+        checks, run.finite_rows = run.finite_rows, []
+        if checks:
+            self._check(run, checks, torch.cat([rows for _, rows in checks]).tolist())
+
+    def _check(self, run, checks: list, finite: list) -> None:
         at = 0
-        for forward, rows in checks:
+        for where, rows in checks:
             flags, at = finite[at:at + len(rows)], at + len(rows)
             if not all(flags):
-                self._stop(run, forward, flags)
+                self._stop(run, *where, flags)
 
-    def _stop(self, run, forward, finite: list[bool]) -> None:
-        ev = forward.evaluation
-        n = forward.rows
-        bad = [k.name for i, k in enumerate(forward.keys) if not all(finite[i * n:(i + 1) * n])]
-        branches = bad if len(finite) == n * len(forward.keys) and bad else [k.name for k in forward.keys]
-        if forward.computed and not ev.decisions:
+    def _stop(self, run, ev, keys, rows: int, computed: bool, finite: list) -> None:
+        bad = [k.name for i, k in enumerate(keys) if not all(finite[i * rows:(i + 1) * rows])]
+        branches = bad if len(finite) == rows * len(keys) and bad else [k.name for k in keys]
+        if computed and not ev.decisions:
             who = "no interceptor (the model itself produced it; caching was not involved)"
-        elif forward.computed:
+        elif computed:
             who = "no interceptor skipped this step (the model itself produced it)"
         else:
             who = ev.record.decided_by or "the cache"

@@ -58,17 +58,17 @@ def chains(ic):
     }
 
 
-# Per evaluation: the sigma the sampler hands over (a tensor), the decision's inputs, and the NaN watch's
-# finiteness flags of the evaluation's outputs; each is one transfer, whatever the branches and blocks.
-PER_EVALUATION = 3
-# Per run: the schedule, which ComfyUI hands the sampler as a CPU tensor (no device sync), read when it starts.
-PER_RUN = 3
+# Per evaluation: the sigma the sampler hands over (a tensor), read together with the NaN watch's flags for the
+# previous evaluation's outputs, and the decision's inputs: each one transfer, whatever the branches and blocks.
+PER_EVALUATION = 2
+# Per run: the schedule and the model's largest sigma, read when it starts; the last evaluation's NaN flags.
+PER_RUN = 4
 
 
 @pytest.mark.parametrize("name", ["fixed cadence + taylorseer", "adaptive", "dbcache", "fbcache", "teacache",
                                   "magcache", "guidance cadence", "guidance adaptive", "guidance + adaptive",
                                   "magcache calibration"])
-def test_at_most_one_transfer_per_evaluation_for_each_purpose(comfy, name):
+def test_transfers_per_evaluation_do_not_grow_with_branches_forwards_or_blocks(comfy, name):
     import nodes
     adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
     runs = []
@@ -81,7 +81,6 @@ def test_at_most_one_transfer_per_evaluation_for_each_purpose(comfy, name):
     assert evaluations == STEPS
     if name != "magcache calibration":
         assert any(r.skipped or r.branches.get("uncond") is False for r in runs[0].records), "nothing was skipped: the decisions were never measured"
-    print(name, calls)
     assert sum(calls.values()) <= PER_EVALUATION * evaluations + PER_RUN, calls
     # every call site converts at most once per evaluation: none is per branch, per forward or per block
     assert max(calls.values()) <= evaluations, calls
