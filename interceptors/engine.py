@@ -43,7 +43,9 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
                   compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Run (or skip) one whole-model forward. ``compute`` runs the real model and returns denoised."""
     decider = run.model_decider
-    if decider is None or not forward.cacheable or bool((sigma == 0).any()):
+    # the evaluation's sigma as the run read it (every row of a sampler's call has it): testing the tensor
+    # would stall the device on every forward
+    if decider is None or not forward.cacheable or forward.evaluation.sigma == 0:
         return compute()
     if sigma.numel() != x.shape[0]:
         run.note(f"the model was called with {sigma.numel()} noise levels for {x.shape[0]} batch rows, which the "

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import torch
 
 from .base import Decider, Granularity, InterceptorError, check_range
+from .metrics import to_host
 from .state import BranchKey
 from .taylorseer import TaylorSeer
 
@@ -39,6 +40,11 @@ POSITIVE, NEGATIVE = 0, 1
 
 def _rows(sigma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return sigma.reshape((sigma.shape[0],) + (1,) * (like.ndim - 1)).to(like)
+
+
+def _sigma_now(state, sigma: torch.Tensor) -> float:
+    """The evaluation's sigma: as the run read it when given, else from the tensor (a device sync)."""
+    return state.now if state.now is not None else float(sigma.flatten()[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +71,10 @@ class GuidanceCache(Decider):
         last_sigma: float | None = None
         difference: torch.Tensor | None = None  # adaptive mode: the last computed eps(negative) - eps(positive)
         rate: float | None = None       # relative change of that difference per unit sigma (adaptive mode)
+        # the change behind the next rate and the sigma gap it spans, still on the device: read by the next
+        # decision, so a computed step costs no sync of its own
+        pending_change: tuple[torch.Tensor, float] | None = None
+        now: float | None = None        # the sigma of the evaluation being served, as the run read it once
 
     def validate(self) -> None:
         super().validate()
@@ -103,6 +113,9 @@ class GuidanceCache(Decider):
             if shown:
                 run.report_metric(self, float(state.since + 1), float(self.interval))
             return state.since + 1 >= self.interval
+        if state.pending_change is not None:
+            change, gap = state.pending_change
+            state.rate, state.pending_change = to_host([change])[0] / gap, None
         if state.rate is None:
             return True
         predicted = state.rate * abs(state.last_sigma - ev.sigma)
@@ -117,12 +130,12 @@ class GuidanceCache(Decider):
         s = _rows(sigma, x)
         eps_pos, eps_neg = (x - positive) / s, (x - negative) / s
         difference = eps_neg - eps_pos
-        now = float(sigma.flatten()[0])
+        now = _sigma_now(state, sigma)
         if self.mode == "adaptive":
             if state.difference is not None and state.last_sigma != now:
                 previous = state.difference.to(difference)
-                change = float((difference - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12))
-                state.rate = change / abs(state.last_sigma - now)
+                change = (difference - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)
+                state.pending_change = (run.to_cache(change), abs(state.last_sigma - now))
             state.difference = run.to_cache(difference.detach().clone())
         value = difference if self._tracks_difference else eps_neg
         self._forecaster.observe(state.slot, run.to_cache(value.detach().clone()), now)
@@ -132,7 +145,7 @@ class GuidanceCache(Decider):
                   sigma: torch.Tensor) -> torch.Tensor:
         """The negative prediction (denoised) for this evaluation, from the positive one just computed."""
         s = _rows(sigma, x)
-        value = self._forecaster.estimate(state.slot, float(sigma.flatten()[0]), x.device).to(dtype=x.dtype)
+        value = self._forecaster.estimate(state.slot, _sigma_now(state, sigma), x.device).to(dtype=x.dtype)
         eps_neg = (x - positive) / s + value if self._tracks_difference else value
         return x - eps_neg * s
 
@@ -147,13 +160,18 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
     if len(conds) == 2 and (conds[POSITIVE] is None) != (conds[NEGATIVE] is None):
         run.note(f"{gc.label} computed every step in full where the positive and the negative branch came in "
                  f"separate calls (a guidance add-on such as Skip Layer Guidance (Simple) does that).")
-    if (len(conds) != 2 or conds[POSITIVE] is None or conds[NEGATIVE] is None or sigma.numel() != x.shape[0]
-            or bool((sigma == 0).any())):
+    if len(conds) != 2 or conds[POSITIVE] is None or conds[NEGATIVE] is None or sigma.numel() != x.shape[0]:
         return compute(conds)
-    ev = run.ensure_evaluation(float(sigma.flatten()[0]))
+    # the evaluation's sigma, read once when it began (reading the tensor here would stall the device)
+    ev = run.evaluation
+    if ev is None or not ev.from_sampler:
+        ev = run.ensure_evaluation(float(sigma.flatten()[0]))
+    if ev.sigma == 0:
+        return compute(conds)
     record = ev.record
     key = BranchKey(NEGATIVE, window, 0, tuple(x.shape), str(x.dtype))  # one history per context window
     state = run.branch_of(gc, key)
+    state.now = ev.sigma
     step = run.model_decider
     # A step cache that decides from the schedule alone says now whether the model runs at all; on its skipped
     # steps the negative branch is estimated here too, from its own (not the step cache's) history.

@@ -16,6 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .base import Decider, Granularity, InterceptorError, RecordingDecider, check_range
+from .metrics import to_host
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
@@ -161,12 +162,12 @@ class MagnitudeRecorder(RecordingDecider):
                 if key.branch in (0, None) and key.occurrence == 0:
                     norms[name] = residual.float().flatten(2).norm(dim=-1) if residual.ndim > 2 else residual.float().norm(dim=-1)
         last = state.last
-        ratios = [float((norms[n] / last[n].clamp_min(1e-12)).mean()) for n in norms if n in last
-                  and last[n].shape == norms[n].shape]
+        ratios = to_host([(norms[n] / last[n].to(norms[n]).clamp_min(1e-12)).mean() for n in norms if n in last
+                          and last[n].shape == norms[n].shape])
         if ratios:
             state.ratios[ev.position] = sum(ratios) / len(ratios)
         if norms:  # a forward without the cond branch (CFG split over forwards) leaves the last norms alone
-            state.last = {n: norm.cpu() for n, norm in norms.items()}
+            state.last = {n: run.to_cache(norm) for n, norm in norms.items()}
 
 
 def recorded_ratios(run) -> tuple[float, ...]:

@@ -13,25 +13,50 @@ class NaNWatch(Observer):
 
     A skipped (substituted) output blames the decider that skipped it and the estimator that made the
     substitute, if one is chained; a computed one blames the model (often fp16 overflow), so users know
-    whether turning caching off would help.
+    whether turning caching off would help. Each forward leaves its rows' finiteness on the device; the flags
+    come over in the transfer that reads the sigma of the sampler's next evaluation (:meth:`read_sigma`, before
+    that evaluation calls the model), or when the run ends (:meth:`check`), so the watch adds no device sync.
     """
 
     def on_forward(self, run, forward, output: torch.Tensor) -> None:
-        if torch.isfinite(output).all():
-            return
-        bad = forward.split(~torch.isfinite(output).flatten(1).all(dim=1, keepdim=True).flatten())
-        branches = [k.name for k, rows in (bad or {}).items() if bool(rows.any())] or [k.name for k in forward.keys]
-        ev = forward.evaluation
-        if forward.computed and not ev.decisions:
+        # what the message needs, not the forward, whose tensors must not outlive the evaluation
+        finite = run.to_cache(torch.isfinite(output).reshape(len(output), -1).all(dim=1))
+        run.finite_rows.append(((forward.evaluation, forward.keys, forward.rows, forward.computed), finite))
+
+    def read_sigma(self, run, timestep: torch.Tensor) -> float:
+        """The sigma of the evaluation the sampler begins, read in one transfer with the flags not yet checked."""
+        checks, run.finite_rows = run.finite_rows, []
+        host = torch.cat([timestep.flatten()[:1].to(torch.float64)]
+                         + [rows.to(timestep.device, torch.float64) for _, rows in checks]).tolist()
+        self._check(run, checks, host[1:])
+        return host[0]
+
+    def check(self, run) -> None:
+        """Read the flags not yet checked (at the end of the run)."""
+        checks, run.finite_rows = run.finite_rows, []
+        if checks:
+            self._check(run, checks, torch.cat([rows for _, rows in checks]).tolist())
+
+    def _check(self, run, checks: list, finite: list) -> None:
+        at = 0
+        for where, rows in checks:
+            flags, at = finite[at:at + len(rows)], at + len(rows)
+            if not all(flags):
+                self._stop(run, *where, flags)
+
+    def _stop(self, run, ev, keys, rows: int, computed: bool, finite: list) -> None:
+        bad = [k.name for i, k in enumerate(keys) if not all(finite[i * rows:(i + 1) * rows])]
+        branches = bad if len(finite) == rows * len(keys) and bad else [k.name for k in keys]
+        if computed and not ev.decisions:
             who = "no interceptor (the model itself produced it; caching was not involved)"
-        elif forward.computed:
+        elif computed:
             who = "no interceptor skipped this step (the model itself produced it)"
         else:
             who = ev.record.decided_by or "the cache"
             estimator = run.chain.estimator
             if any(ic is estimator for ic in run.chain):  # a chained estimator made the substitute
                 who = f"{who} skipped this step's model work and {estimator.label} estimated it"
-            culprit = out_of_range(run, forward)
+            culprit = out_of_range(run, keys, ev.sigma)
             if culprit:
                 who = f"{who}; {culprit}"
             who += " (try a lower threshold, or remove the caching node to check)"
@@ -40,18 +65,18 @@ class NaNWatch(Observer):
             f"branch {', '.join(branches)}; in charge: {who}.")
 
 
-def out_of_range(run, forward) -> str | None:
+def out_of_range(run, keys, sigma: float) -> str | None:
     """Which substituted value was not finite in the dtype it was used in, e.g. a float16 forecast beyond
     float16's range (65504), which becomes Inf when cast back into the model's stream. Only called once a
     non-finite output has been found, so it may take its time."""
     estimator = run.chain.estimator
-    for key in forward.keys:
+    for key in keys:
         cache = run.caches.get(key)
         for name, slot in (cache.slots.items() if cache is not None else ()):
             if not estimator.ready(slot):
                 continue
             stored = _first_tensor(slot)
-            value = estimator.estimate(slot, forward.evaluation.sigma, _slot_device(slot))
+            value = estimator.estimate(slot, sigma, _slot_device(slot))
             what = f"the {_quantity(name)} of branch {key.name}"
             if not bool(torch.isfinite(value).all()):
                 return f"{estimator.display_name}'s value for {what} was NaN/Inf"

@@ -85,6 +85,7 @@ class Evaluation:
     decisions: dict[str, bool] = dataclasses.field(default_factory=dict)
     skipped_by: set[str] = dataclasses.field(default_factory=set)  # deciders whose skip really happened
     occurrences: Counter = dataclasses.field(default_factory=Counter)
+    from_sampler: bool = False  # begun by the sampler's evaluation hook: ``sigma`` holds for every forward in it
 
     @property
     def is_last_step(self) -> bool:
@@ -184,6 +185,7 @@ class LoopState:
         self.records: list[EvaluationRecord] = []
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
         self.foreign_slot_forwards = 0  # forwards in which another patch served some of the pack's block slots
+        self.finite_rows: list = []  # (forward, its rows' finiteness on the device) the NaN watch has yet to read
         self.evaluation: Evaluation | None = None
         self.current_forward: Forward | None = None
         self.card = None
@@ -391,6 +393,7 @@ class LoopState:
         deciders (``keeps_results``), whose recordings are the run's result."""
         self.caches.clear()
         self.branch_states.clear()
+        self.finite_rows.clear()
         for interceptor in self.chain:
             if not interceptor.keeps_results:
                 self.run_states.pop(interceptor.id, None)

@@ -1,0 +1,86 @@
+"""Host syncs: on a GPU every tensor-to-Python conversion (``.item()``, ``float(t)``, ``bool(t)``, ``.tolist()``)
+waits for the device. The pack's own conversions are counted on a real sampling run of every method: what the
+sampler costs per evaluation must not grow with the CFG branches, the forwards or the blocks."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import pytest
+import torch
+
+import tiny_models
+
+STEPS = 8
+CONVERSIONS = ("item", "tolist", "__float__", "__bool__", "__int__")
+
+
+@contextlib.contextmanager
+def conversions_from(directory: str):
+    """Count the tensor-to-Python conversions called from code under ``directory``, by call site."""
+    calls: dict[str, int] = {}
+    originals = {name: getattr(torch.Tensor, name) for name in CONVERSIONS}
+
+    def counted(name):
+        original = originals[name]
+
+        def conversion(self, *args, **kwargs):
+            caller = sys._getframe(1)
+            if os.path.abspath(caller.f_code.co_filename).startswith(directory):
+                site = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}"
+                calls[site] = calls.get(site, 0) + 1
+            return original(self, *args, **kwargs)
+        return conversion
+
+    for name in CONVERSIONS:
+        setattr(torch.Tensor, name, counted(name))
+    try:
+        yield calls
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def chains(ic):
+    window = dict(start_percent=0.0, end_percent=1.0)
+    return {
+        "fixed cadence + taylorseer": [ic.FixedCadence(interval=2, **window), ic.TaylorSeer(order=1)],
+        "adaptive": [ic.AdaptiveCache(threshold=100.0, max_consecutive_cached=2, **window)],
+        "dbcache": [ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, **window)],
+        "fbcache": [ic.FirstBlockCache(threshold=50.0, warmup=0.0, **window)],
+        "teacache": [ic.TeaCache(threshold=100.0, **window)],
+        "magcache": [ic.MagCache(threshold=100.0, retention=0.0, **window)],
+        "guidance cadence": [ic.GuidanceCache(interval=2, **window)],
+        "guidance adaptive": [ic.GuidanceCache(interval=3, mode="adaptive", threshold=10.0, **window)],
+        "guidance + adaptive": [ic.GuidanceCache(interval=2, **window), ic.AdaptiveCache(threshold=100.0, **window)],
+        "magcache calibration": [ic.MagnitudeRecorder()],
+    }
+
+
+# Per evaluation: the sigma the sampler hands over (a tensor), read together with the NaN watch's flags for the
+# previous evaluation's outputs, and the decision's inputs: each one transfer, whatever the branches and blocks.
+PER_EVALUATION = 2
+# Per run: the schedule and the model's largest sigma, read when it starts; the last evaluation's NaN flags.
+PER_RUN = 4
+
+
+@pytest.mark.parametrize("name", ["fixed cadence + taylorseer", "adaptive", "dbcache", "fbcache", "teacache",
+                                  "magcache", "guidance cadence", "guidance adaptive", "guidance + adaptive",
+                                  "magcache calibration"])
+def test_transfers_per_evaluation_do_not_grow_with_branches_forwards_or_blocks(comfy, name):
+    import nodes
+    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    runs = []
+    chain = ic.InterceptorChain.of(chains(ic)[name])
+    pos, neg = tiny_models.conditioning("flux", seed=1)
+    model = adapter.install(tiny_models.build("flux"), chain, on_run_end=lambda run, summary: runs.append(run))
+    with conversions_from(os.path.dirname(os.path.abspath(adapter.__file__))) as calls:
+        nodes.common_ksampler(model, 42, STEPS, 3.0, "euler", "simple", pos, neg, tiny_models.latent("flux"))
+    evaluations = len(runs[0].records)
+    assert evaluations == STEPS
+    if name != "magcache calibration":
+        assert any(r.skipped or r.branches.get("uncond") is False for r in runs[0].records), "nothing was skipped: the decisions were never measured"
+    assert sum(calls.values()) <= PER_EVALUATION * evaluations + PER_RUN, calls
+    # every call site converts at most once per evaluation: none is per branch, per forward or per block
+    assert max(calls.values()) <= evaluations, calls
