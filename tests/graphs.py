@@ -10,6 +10,21 @@ def base(family: str, batch: int = 1, latent_seed: int = -1, model_seed: int = 0
     }
 
 
+def loaded_wan(loader: str, **loader_inputs) -> dict:
+    """A prompt whose model is tiny_models' loadable Wan, loaded from a file by ``loader`` (ComfyUI's UNETLoader,
+    ComfyUI-GGUF's loader), captured and counted, with conditioning of its text width."""
+    import tiny_models
+    return {
+        "model": {"class_type": loader, "inputs": loader_inputs},
+        "captured": {"class_type": "TestCaptureModel", "inputs": {"model": ["model", 0], "key": "loaded"}},
+        "count": {"class_type": "TestCountModelWork", "inputs": {"model": ["captured", 0], "family": "wan21",
+                                                                 "key": "work"}},
+        "cond": {"class_type": "TestTinyConditioningWidth", "inputs": {"width": tiny_models.LOADABLE_WAN_CONTEXT_DIM,
+                                                                       "seed": 1, "length": 4}},
+        "latent": {"class_type": "TestTinyLatent", "inputs": {"family": "wan21", "batch": 1, "seed": -1}},
+    }
+
+
 def ksampler_inputs(steps=6, cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0, seed=42, model="model"):
     return {"model": [model, 0], "seed": seed, "steps": steps, "cfg": cfg, "sampler_name": sampler,
             "scheduler": scheduler, "positive": ["cond", 0], "negative": ["cond", 1], "latent_image": ["latent", 0],

@@ -67,15 +67,7 @@ def wan_files(comfy):
 
 
 def loader_prompt(unet_name: str, weight_dtype: str) -> dict:
-    return {
-        "model": {"class_type": "UNETLoader", "inputs": {"unet_name": unet_name, "weight_dtype": weight_dtype}},
-        "captured": {"class_type": "TestCaptureModel", "inputs": {"model": ["model", 0], "key": "loaded"}},
-        "count": {"class_type": "TestCountModelWork", "inputs": {"model": ["captured", 0], "family": "wan21",
-                                                                 "key": "work"}},
-        "cond": {"class_type": "TestTinyConditioningWidth", "inputs": {"width": tiny_models.LOADABLE_WAN_CONTEXT_DIM,
-                                                                       "seed": 1, "length": 4}},
-        "latent": {"class_type": "TestTinyLatent", "inputs": {"family": "wan21", "batch": 1, "seed": -1}},
-    }
+    return graphs.loaded_wan("UNETLoader", unet_name=unet_name, weight_dtype=weight_dtype)
 
 
 def run_with(comfy, prompt, chain=None, key="out", model="count"):

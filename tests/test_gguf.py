@@ -40,15 +40,7 @@ def gguf_file(comfy):
 
 
 def prompt_for(unet_name: str) -> dict:
-    return {
-        "model": {"class_type": LOADER, "inputs": {"unet_name": unet_name}},
-        "captured": {"class_type": "TestCaptureModel", "inputs": {"model": ["model", 0], "key": "loaded"}},
-        "count": {"class_type": "TestCountModelWork", "inputs": {"model": ["captured", 0], "family": "wan21",
-                                                                 "key": "work"}},
-        "cond": {"class_type": "TestTinyConditioningWidth", "inputs": {"width": tiny_models.LOADABLE_WAN_CONTEXT_DIM,
-                                                                       "seed": 1, "length": 4}},
-        "latent": {"class_type": "TestTinyLatent", "inputs": {"family": "wan21", "batch": 1, "seed": -1}},
-    }
+    return graphs.loaded_wan(LOADER, unet_name=unet_name)
 
 
 def sample(comfy, prompt, threshold=None, key="out"):
