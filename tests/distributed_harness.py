@@ -55,7 +55,7 @@ def _rank_main(rank, world, port, scenarios, sync, timeout_s, out_dir):
     torch.set_num_threads(1)
     result = {"rank": rank, "collectives": [], "runs": {}}
     try:
-        adapter, ic, nodes, tiny_models = _load(rank, world, port, timeout_s)
+        adapter, ic, nodes, tiny_models = _load(rank, world, port, timeout_s, out_dir)
         _log_collectives(result["collectives"])
         def sample(name, scenario, rank, world):
             start = len(result["collectives"])
@@ -73,7 +73,7 @@ def _rank_main(rank, world, port, scenarios, sync, timeout_s, out_dir):
         os._exit(1)  # leave the peers' collectives with a closed connection instead of a hang
 
 
-def _load(rank, world, port, timeout_s):
+def _load(rank, world, port, timeout_s, out_dir):
     sys.path.insert(0, str(TESTS))
     from comfy_harness import find_comfyui
     comfy_path = find_comfyui()
@@ -87,8 +87,8 @@ def _load(rank, world, port, timeout_s):
     import tiny_models
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
-    custom = Path(tempfile.mkdtemp(prefix="cached-sampler-rank-")) / "custom_nodes"
-    custom.mkdir()
+    custom = Path(out_dir) / f"rank{rank}" / "custom_nodes"  # removed with the run's folder
+    custom.mkdir(parents=True)
     (custom / "cached-sampler").symlink_to(ROOT, target_is_directory=True)
     pack_path = str(custom / "cached-sampler")
     if not asyncio.run(nodes.load_custom_node(pack_path)):

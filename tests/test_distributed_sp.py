@@ -16,6 +16,7 @@ import distributed_harness as harness
 from comfy_harness import find_comfyui
 
 pytestmark = [
+    pytest.mark.slow,  # two processes, each starting ComfyUI
     pytest.mark.skipif(find_comfyui() is None, reason="no ComfyUI found"),
     pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="torch without gloo"),
 ]
