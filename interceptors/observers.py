@@ -19,8 +19,10 @@ class NaNWatch(Observer):
     """
 
     def on_forward(self, run, forward, output: torch.Tensor) -> None:
-        # what the message needs, not the forward, whose tensors must not outlive the evaluation
-        finite = run.to_cache(torch.isfinite(output).reshape(len(output), -1).all(dim=1))
+        # What the message needs, not the forward, whose tensors must not outlive the evaluation. The flags (one
+        # bool per row) stay on the compute device even with cache_on_cpu: moving them would be a blocking copy
+        # per forward, and they are read with the next evaluation's sigma anyway.
+        finite = torch.isfinite(output).reshape(len(output), -1).all(dim=1)
         run.finite_rows.append(((forward.evaluation, forward.keys, forward.rows, forward.computed), finite))
 
     def read_sigma(self, run, timestep: torch.Tensor) -> float:
