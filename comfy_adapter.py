@@ -146,8 +146,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     modulated = _modulated_input(card, model, decider) if decider and decider.signal == "modulated_input" else None
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
-    nan_watch = NaNWatch()
-    observers = [nan_watch]
+    observers = [NaNWatch()]
     block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
     guidance = chain.decider(Granularity.GUIDANCE)
     if on_evaluation is not None:
@@ -181,7 +180,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         started = time.perf_counter()
         try:
             result = executor(*args, **kwargs)
-            nan_watch.check(run)  # the last evaluation's outputs
+            run.transfer()  # what is still to read: the last evaluation's NaN flags, a calibration's last values
             return result
         finally:
             options.pop(STATE_KEY, None)
@@ -196,8 +195,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
         if run is None:
             return executor(x, timestep, model_options, seed)
-        # one transfer: this evaluation's sigma, and whether the previous one's outputs were finite
-        run.begin_evaluation(nan_watch.read_sigma(run, timestep)).from_sampler = True
+        # the sigma stays on the device until the evaluation's first transfer to the host (its decision's)
+        run.begin_evaluation(timestep).from_sampler = True
         try:
             return executor(x, timestep, model_options, seed)
         finally:
@@ -207,9 +206,9 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         run = transformer_options.get(STATE_KEY)
         if run is None:
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
-        # the evaluation's sigma, read once when it began: reading ``t`` on every forward would stall the device
+        # a sampler's evaluation knows its sigma (None): reading ``t`` on every forward would stall the device
         ev = run.evaluation
-        sigma = ev.sigma if ev is not None and ev.from_sampler else float(t.flatten()[0])
+        sigma = None if ev is not None and ev.from_sampler else float(t.flatten()[0])
         forward = run.begin_forward(sigma, x.shape[0], tuple(x.shape[1:]), x.dtype,
                                     transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
         forward.track_external = adds_between_blocks(card, control, transformer_options, kw)

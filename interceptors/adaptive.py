@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from .base import Decider, Granularity, check_range
-from .metrics import mean_abs_diff_of, mean_abs_of, values
+from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,28 +42,23 @@ class AdaptiveCache(Decider):
         x_anchor: dict = dataclasses.field(default_factory=dict)  # input and output (eps) at the last computed one
         v_anchor: dict = dataclasses.field(default_factory=dict)
         rate: float | None = None                                 # k, from the last two computed evaluations
-        # (input change, output change) of computed evaluations, still on the device: their rates are taken,
-        # in order, with the next decision's transfer, so a computed step costs no sync of its own
-        pending_rates: list = dataclasses.field(default_factory=list)
         accumulated: float = 0.0
         anchored_at: int | None = None                            # evaluation that last moved the anchors
 
-    def decide(self, run, ev, signals) -> bool:
+    def measure(self, run, ev, signals) -> list:
         state = run.state_of(self)
-        previous, state.x_last = state.x_last, run.keep(signals)
-        if self.threshold <= 0 or not previous or not state.v_anchor:
+        if self.threshold <= 0 or not state.x_last or not state.v_anchor:
+            return []
+        return [mean_abs_diff_of(signals, state.x_last, run.group), mean_abs_of(state.v_anchor.values(), run.group)]
+
+    def decide(self, run, ev, signals, measured) -> bool:
+        state = run.state_of(self)
+        state.x_last = run.keep(signals)
+        if not measured or state.rate is None:
             return True
         if 0 <= self.max_consecutive_cached <= run.decisions_of(self).consecutive_skips:
             return True
-        pending = [m for pair in state.pending_rates for m in pair]
-        *changes, step_change, out_scale = values(*pending, mean_abs_diff_of(signals, previous, run.group),
-                                                  mean_abs_of(state.v_anchor.values(), run.group))
-        state.pending_rates = []
-        for dx, dv in zip(changes[0::2], changes[1::2]):
-            if dx and dv is not None:
-                state.rate = dv / dx
-        if state.rate is None:
-            return True
+        step_change, out_scale = (m.value() for m in measured)
         if step_change is None or out_scale == 0:
             return True  # e.g. the conditioning changed (prompt switch): no common branch to compare
         state.accumulated += state.rate * step_change / out_scale
@@ -76,10 +71,16 @@ class AdaptiveCache(Decider):
             return  # another forward of this evaluation (split CFG, area conds): the first one drives the rate
         state.anchored_at = ev.index
         if self.threshold > 0 and state.x_anchor and state.v_anchor:  # the rate is only read by a decision
-            changes = (mean_abs_diff_of(signals or {}, state.x_anchor, run.group),
-                       mean_abs_diff_of(outputs or {}, state.v_anchor, run.group))
-            for change in changes:  # kept across evaluations, so placed like every kept tensor
-                change.terms = [run.to_cache(t) for t in change.terms]
-            state.pending_rates.append(changes)
+            # read with the next transfer (before the next decision), so a computed step costs no sync of its own
+            changes = [mean_abs_diff_of(signals or {}, state.x_anchor, run.group),
+                       mean_abs_diff_of(outputs or {}, state.v_anchor, run.group)]
+            run.read_later(terms_of(changes), lambda host: self._take_rate(state, changes, host))
         x = run.keep(signals)
         state.x_anchor, state.v_anchor, state.x_last, state.accumulated = x, run.keep(outputs), x, 0.0
+
+    @staticmethod
+    def _take_rate(state, changes, host) -> None:
+        deliver(changes, host)
+        dx, dv = (m.value() for m in changes)
+        if dx and dv is not None:
+            state.rate = dv / dx

@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
+    from .metrics import Measure
     from .state import Evaluation, Forward, LoopState
 
 
@@ -142,10 +143,19 @@ class Decider(Interceptor):
         """(front, back): how many blocks always run before and after the skippable segments."""
         return 0, 0
 
-    def decide(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None) -> bool:
-        """Return True to compute, False to skip. Window and first/last-step guards are applied before. A skip is
-        a wish: where a branch has no cache yet the engine computes, calls :meth:`computed`, and the run's
-        bookkeeping (``run.decisions_of``) counts a computed evaluation. Keep what you learn in ``RunState`` /
+    def measure(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None) -> list["Measure"]:
+        """The change measures :meth:`decide` will read (``metrics.*_of``: sums still on the device). The run
+        brings them to the host in one transfer with the evaluation's sigma, so a decision costs one device sync.
+        Called before the window and first/last-step guards: change no state here, and read nothing of the
+        evaluation's schedule place (``ev.sigma``, ``ev.step``, ``ev.progress``), which is not read yet."""
+        return []
+
+    def decide(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None,
+               measured: list["Measure"]) -> bool:
+        """Return True to compute, False to skip. Window and first/last-step guards are applied before.
+        ``measured``: what :meth:`measure` returned, transferred (``m.value()``). A skip is a wish: where a branch
+        has no cache yet the engine computes, calls :meth:`computed`, and the run's bookkeeping
+        (``run.decisions_of``) counts a computed evaluation. Keep what you learn in ``RunState`` /
         ``BranchState``, and tensors through ``run.keep`` (detached, on the run's cache device)."""
         raise NotImplementedError
 
@@ -162,7 +172,7 @@ class RecordingDecider(Decider):
     alters_output: ClassVar[bool] = False
     keeps_results: ClassVar[bool] = True
 
-    def decide(self, run: "LoopState", ev: "Evaluation", signals) -> bool:
+    def decide(self, run: "LoopState", ev: "Evaluation", signals, measured) -> bool:
         return True
 
 

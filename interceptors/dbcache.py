@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .base import Decider, Granularity, InterceptorError, check_range
-from .metrics import relative_l1
+from .metrics import relative_l1_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
@@ -62,16 +62,21 @@ class DBCache(Decider):
     class BranchState:
         anchor: torch.Tensor | None = None  # probe residual at the last computed evaluation
 
-    def decide(self, run, ev, signals) -> bool:
-        if self.threshold <= 0 or ev.progress < self.warmup or not signals:
+    def measure(self, run, ev, signals) -> list:
+        if self.threshold <= 0 or not signals:
+            return []
+        anchors = {k: run.branch_of(self, k).anchor for k in signals}
+        return [relative_l1_of(signals, {k: v for k, v in anchors.items() if v is not None}, run.group)]
+
+    def decide(self, run, ev, signals, measured) -> bool:
+        if not measured or ev.progress < self.warmup:
             return True
         decisions = run.decisions_of(self)
         if 0 <= self.max_cached_steps <= decisions.skips:
             return True
         if 0 <= self.max_consecutive_cached <= decisions.consecutive_skips:
             return True
-        anchors = {k: run.branch_of(self, k).anchor for k in signals}
-        diff = relative_l1(signals, {k: v for k, v in anchors.items() if v is not None}, run.group)
+        diff = measured[0].value()
         if diff is None or diff != diff:  # no anchor yet, or a NaN probe: compute
             return True
         run.report_metric(self, diff, self.threshold)

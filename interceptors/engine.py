@@ -43,9 +43,7 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
                   compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Run (or skip) one whole-model forward. ``compute`` runs the real model and returns denoised."""
     decider = run.model_decider
-    # the evaluation's sigma as the run read it (every row of a sampler's call has it): testing the tensor
-    # would stall the device on every forward
-    if decider is None or not forward.cacheable or forward.evaluation.sigma == 0:
+    if decider is None or not forward.cacheable:
         return compute()
     if sigma.numel() != x.shape[0]:
         run.note(f"the model was called with {sigma.numel()} noise levels for {x.shape[0]} batch rows, which the "
@@ -55,6 +53,10 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
     parts = forward.split(x)
     signals = parts if decider.signal == "model_input" else None
     compute_it = run.decide(decider, signals)
+    # the evaluation's sigma as the run read it with the decision (every row of a sampler's call has it); at
+    # sigma 0 the decision computes, and there is no epsilon to keep
+    if ev.sigma == 0:
+        return compute()
     if not compute_it and all(run.has(k, "output") for k in forward.keys):
         forward.computed = False
         forward.model_skipped = True

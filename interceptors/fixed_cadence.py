@@ -28,7 +28,7 @@ class FixedCadence(Decider):
         if int(self.interval) != self.interval or self.interval < 1:
             raise InterceptorError(f"{self.label}: 'interval' must be a whole number >= 1, got {self.interval}.")
 
-    def decide(self, run: "LoopState", ev: "Evaluation", signals) -> bool:
+    def decide(self, run: "LoopState", ev: "Evaluation", signals, measured) -> bool:
         since = run.evaluations_since_compute(self)
         run.report_metric(self, float(since + 1), float(self.interval))
         return since + 1 >= self.interval

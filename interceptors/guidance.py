@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import torch
 
 from .base import Decider, Granularity, InterceptorError, check_range
-from .metrics import to_host
 from .state import BranchKey
 from .taylorseer import TaylorSeer
 
@@ -71,9 +70,6 @@ class GuidanceCache(Decider):
         last_sigma: float | None = None
         difference: torch.Tensor | None = None  # adaptive mode: the last computed eps(negative) - eps(positive)
         rate: float | None = None       # relative change of that difference per unit sigma (adaptive mode)
-        # the change behind the next rate and the sigma gap it spans, still on the device: read by the next
-        # decision, so a computed step costs no sync of its own
-        pending_change: tuple[torch.Tensor, float] | None = None
         now: float | None = None        # the sigma of the evaluation being served, as the run read it once
 
     def validate(self) -> None:
@@ -101,7 +97,7 @@ class GuidanceCache(Decider):
         return self.estimate.startswith("difference")
 
     # -- the rule ----------------------------------------------------------------------------------
-    def decide(self, run: "LoopState", ev: "Evaluation", signals) -> bool:
+    def decide(self, run: "LoopState", ev: "Evaluation", signals, measured) -> bool:
         """True: compute the negative branch on this evaluation. The clock counts evaluations on which the
         model really ran, so a step cache's skipped steps do not use up the interval."""
         state = next(iter(signals.values()))
@@ -113,9 +109,6 @@ class GuidanceCache(Decider):
             if shown:
                 run.report_metric(self, float(state.since + 1), float(self.interval))
             return state.since + 1 >= self.interval
-        if state.pending_change is not None:
-            change, gap = state.pending_change
-            state.rate, state.pending_change = to_host([change])[0] / gap, None
         if state.rate is None:
             return True
         predicted = state.rate * abs(state.last_sigma - ev.sigma)
@@ -135,7 +128,9 @@ class GuidanceCache(Decider):
             if state.difference is not None and state.last_sigma != now:
                 previous = state.difference.to(difference)
                 change = (difference - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12)
-                state.pending_change = (run.to_cache(change), abs(state.last_sigma - now))
+                gap = abs(state.last_sigma - now)
+                # read with the next transfer (before the next decision): a computed step costs no sync of its own
+                run.read_later([change], lambda host: setattr(state, "rate", host[0][0] / gap))
             state.difference = run.to_cache(difference.detach().clone())
         value = difference if self._tracks_difference else eps_neg
         self._forecaster.observe(state.slot, run.to_cache(value.detach().clone()), now)
@@ -162,25 +157,25 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
                  f"separate calls (a guidance add-on such as Skip Layer Guidance (Simple) does that).")
     if len(conds) != 2 or conds[POSITIVE] is None or conds[NEGATIVE] is None or sigma.numel() != x.shape[0]:
         return compute(conds)
-    # the evaluation's sigma, read once when it began (reading the tensor here would stall the device)
     ev = run.evaluation
     if ev is None or not ev.from_sampler:
         ev = run.ensure_evaluation(float(sigma.flatten()[0]))
-    if ev.sigma == 0:
-        return compute(conds)
     record = ev.record
     key = BranchKey(NEGATIVE, window, 0, tuple(x.shape), str(x.dtype))  # one history per context window
     state = run.branch_of(gc, key)
-    state.now = ev.sigma
     step = run.model_decider
     # A step cache that decides from the schedule alone says now whether the model runs at all; on its skipped
     # steps the negative branch is estimated here too, from its own (not the step cache's) history.
     model_runs = run.decide(step, None) if step is not None and step.signal == "none" else True
-    if not state.slot.points or (model_runs and run.decide(gc, {key: state})):
+    # sigma 0 (read here after the decisions, which read it with their transfer): no epsilon to learn or estimate
+    if not state.slot.points or (model_runs and run.decide(gc, {key: state})) or ev.sigma == 0:
         out = compute(conds)
-        if record.branches.get("cond") and record.branches.get("uncond"):  # both really computed, not estimated
+        both = record.branches.get("cond") and record.branches.get("uncond")  # really computed, not estimated
+        if both and ev.sigma != 0:
+            state.now = ev.sigma
             gc.learned(run, state, out[POSITIVE], out[NEGATIVE], x, sigma)
         return out
+    state.now = ev.sigma
     out = compute([conds[POSITIVE], None])
     run.skipped(gc)
     if record.branches.get("cond"):

@@ -16,7 +16,6 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .base import Decider, Granularity, InterceptorError, RecordingDecider, check_range
-from .metrics import to_host
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
@@ -121,7 +120,7 @@ class MagCache(Decider):
         """How many steps at the start of the schedule always compute: the authors' ``int(r * N)``."""
         return int(self.retention * schedule_steps)
 
-    def decide(self, run, ev, signals) -> bool:
+    def decide(self, run, ev, signals, measured) -> bool:
         state = run.state_of(self)
         if state.curve is None:
             state.curve = resample(self.curve(run.card) or (1.0,), ev.schedule_steps)
@@ -162,10 +161,11 @@ class MagnitudeRecorder(RecordingDecider):
                 if key.branch in (0, None) and key.occurrence == 0:
                     norms[name] = residual.float().flatten(2).norm(dim=-1) if residual.ndim > 2 else residual.float().norm(dim=-1)
         last = state.last
-        ratios = to_host([(norms[n] / last[n].to(norms[n]).clamp_min(1e-12)).mean() for n in norms if n in last
-                          and last[n].shape == norms[n].shape])
-        if ratios:
-            state.ratios[ev.position] = sum(ratios) / len(ratios)
+        ratios = [(norms[n] / last[n].to(norms[n]).clamp_min(1e-12)).mean() for n in norms if n in last
+                  and last[n].shape == norms[n].shape]
+        if ratios:  # read with the run's next transfer: recording costs no sync of its own
+            position = ev.position
+            run.read_later(ratios, lambda host: state.ratios.__setitem__(position, sum(v[0] for v in host) / len(host)))
         if norms:  # a forward without the cond branch (CFG split over forwards) leaves the last norms alone
             state.last = {n: run.to_cache(norm) for n, norm in norms.items()}
 

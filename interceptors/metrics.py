@@ -1,43 +1,77 @@
 """Small change measures shared by the deciders, measured without stalling the device.
 
-Each is a ratio of sums. A :class:`Measure` holds its per-branch sums as 0-d tensors where the model runs;
-:func:`to_host` brings the sums of any number of measures over in one transfer (one device-to-host sync), and
-the ratio is taken on the host, in the same order of additions as one float at a time would give.
+Each is a ratio of sums. A :class:`Measure` holds its per-branch sums as 0-d tensors where the model runs; the
+run brings the sums of every measure an evaluation needs over in one transfer (:func:`to_host`, one
+device-to-host sync, together with the evaluation's sigma: ``LoopState.transfer``), and the ratio is taken on
+the host, in the same order of additions as one float at a time would give.
 
 Under sequence parallelism (``group``, a :class:`~.distributed.RankGroup`) the sums are reduced over the ranks
 before the ratio is taken: every rank gets the value one process would have measured on the whole sequence. A
-measure issues exactly one reduction whatever this rank holds, so the ranks stay in step.
+measure issues exactly one reduction, when its value is first read, whatever this rank holds, so ranks that
+read the same measures stay in step.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import torch
+
+_UNREAD = object()
 
 
 @dataclasses.dataclass
 class Measure:
     terms: list[torch.Tensor]                       # 0-d sums, still on the device
     finish: Callable[[list[float]], float | None]   # the ratio, from the terms' values on the host
+    host: list[float] | None = None                 # the terms' values, once transferred
+    _value: Any = dataclasses.field(default=_UNREAD, repr=False)
+
+    def value(self) -> float | None:
+        """The measured ratio (the terms must have been transferred). Taken when first asked for: under a rank
+        group that is when the reduction happens, so a rule that stops before reading it issues none."""
+        if self.host is None:
+            raise RuntimeError("the measure's sums were never transferred to the host")
+        if self._value is _UNREAD:
+            self._value = self.finish(self.host)
+        return self._value
 
 
-def to_host(tensors: list[torch.Tensor]) -> list[float]:
-    """The values of 0-d tensors in one transfer (float64 holds every float32/16 sum exactly)."""
-    if not tensors:
-        return []
-    device = next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
-    return torch.stack([t.detach().to(device, torch.float64) for t in tensors]).tolist()
+def to_host(tensors: list[torch.Tensor]) -> list[list[float]]:
+    """The values of ``tensors`` (any shapes, any devices), flattened, one list per tensor: the tensors of each
+    device are concatenated there and brought over at once, so one device costs one sync (float64 holds every
+    float32/16 sum, and booleans, exactly). CPU tensors cost none."""
+    flat = [t.detach().reshape(-1).to(torch.float64) for t in tensors]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(flat):
+        by_device.setdefault(t.device, []).append(i)
+    out: list[list[float]] = [[] for _ in flat]
+    for device, indices in by_device.items():
+        joined = torch.cat([flat[i] for i in indices])
+        values = (joined if device.type == "cpu" else joined.cpu()).tolist()
+        at = 0
+        for i in indices:
+            n = flat[i].numel()
+            out[i], at = values[at:at + n], at + n
+    return out
+
+
+def terms_of(measures) -> list[torch.Tensor]:
+    return [t for m in measures for t in m.terms]
+
+
+def deliver(measures, host: list[list[float]]) -> None:
+    """Hand each measure its terms' values: ``host`` holds one single-value list per term of ``terms_of``."""
+    at = 0
+    for m in measures:
+        m.host, at = [v[0] for v in host[at:at + len(m.terms)]], at + len(m.terms)
 
 
 def values(*measures: Measure) -> list[float | None]:
-    """Every measure's value, all of their sums brought over in one transfer."""
-    host = to_host([t for m in measures for t in m.terms])
-    out, at = [], 0
-    for m in measures:
-        out.append(m.finish(host[at:at + len(m.terms)]))
-        at += len(m.terms)
-    return out
+    """Every measure's value, all of their sums brought over in one transfer (outside a run; a run's deciders
+    get theirs with the evaluation's transfer, ``LoopState.transfer``)."""
+    deliver(measures, to_host(terms_of(measures)))
+    return [m.value() for m in measures]
 
 
 def _sums(group, *values: float) -> list[float]:

@@ -13,38 +13,22 @@ class NaNWatch(Observer):
 
     A skipped (substituted) output blames the decider that skipped it and the estimator that made the
     substitute, if one is chained; a computed one blames the model (often fp16 overflow), so users know
-    whether turning caching off would help. Each forward leaves its rows' finiteness on the device; the flags
-    come over in the transfer that reads the sigma of the sampler's next evaluation (:meth:`read_sigma`, before
-    that evaluation calls the model), or when the run ends (:meth:`check`), so the watch adds no device sync.
+    whether turning caching off would help. Each forward leaves its rows' finiteness on the device, read with
+    the run's next transfer to the host (the next decision's, or the run's last: ``LoopState.read_later``), so
+    the watch adds no device sync.
     """
 
     def on_forward(self, run, forward, output: torch.Tensor) -> None:
         # What the message needs, not the forward, whose tensors must not outlive the evaluation. The flags (one
         # bool per row) stay on the compute device even with cache_on_cpu: moving them would be a blocking copy
-        # per forward, and they are read with the next evaluation's sigma anyway.
+        # per forward.
         finite = torch.isfinite(output).reshape(len(output), -1).all(dim=1)
-        run.finite_rows.append(((forward.evaluation, forward.keys, forward.rows, forward.computed), finite))
+        where = (forward.evaluation, forward.keys, forward.rows, forward.computed)
+        run.read_later([finite], lambda host: self._check(run, where, host[0]))
 
-    def read_sigma(self, run, timestep: torch.Tensor) -> float:
-        """The sigma of the evaluation the sampler begins, read in one transfer with the flags not yet checked."""
-        checks, run.finite_rows = run.finite_rows, []
-        host = torch.cat([timestep.flatten()[:1].to(torch.float64)]
-                         + [rows.to(timestep.device, torch.float64) for _, rows in checks]).tolist()
-        self._check(run, checks, host[1:])
-        return host[0]
-
-    def check(self, run) -> None:
-        """Read the flags not yet checked (at the end of the run)."""
-        checks, run.finite_rows = run.finite_rows, []
-        if checks:
-            self._check(run, checks, torch.cat([rows for _, rows in checks]).tolist())
-
-    def _check(self, run, checks: list, finite: list) -> None:
-        at = 0
-        for where, rows in checks:
-            flags, at = finite[at:at + len(rows)], at + len(rows)
-            if not all(flags):
-                self._stop(run, *where, flags)
+    def _check(self, run, where, finite: list) -> None:
+        if not all(finite):
+            self._stop(run, *where, finite)
 
     def _stop(self, run, ev, keys, rows: int, computed: bool, finite: list) -> None:
         bad = [k.name for i, k in enumerate(keys) if not all(finite[i * rows:(i + 1) * rows])]

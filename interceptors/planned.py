@@ -55,7 +55,7 @@ class PlannedSchedule(Decider):
                 and len(run.sample_sigmas) == len(self.schedule)
                 and all(same_sigma(a, b) for a, b in zip(run.sample_sigmas, self.schedule)))
 
-    def decide(self, run, ev, signals) -> bool:
+    def decide(self, run, ev, signals, measured) -> bool:
         state = run.state_of(self)
         if not state.mismatch and not self.fits(run, ev):
             state.mismatch = True

@@ -17,6 +17,7 @@ import torch
 
 from .base import Decider, Granularity
 from .chain import InterceptorChain
+from .metrics import Measure, deliver, terms_of, to_host
 
 BRANCH_NAMES = {0: "cond", 1: "uncond"}
 log = logging.getLogger("cached_sampler")
@@ -73,19 +74,49 @@ class EvaluationRecord:
 @dataclasses.dataclass
 class Evaluation:
     """One sampler evaluation. ``step`` counts this run's steps; ``position`` is the same step in the model's
-    whole schedule (they differ when the run is the second stage of a split, or denoise < 1)."""
+    whole schedule (they differ when the run is the second stage of a split, or denoise < 1).
+
+    The sampler hands the sigma over as a tensor on the device. Reading it is a device sync, so it waits in
+    ``pending_sigma`` for the evaluation's first transfer to the host (:meth:`LoopState.transfer`: a decision's
+    sums, or the end of the evaluation), which reads it with everything else due; ``sigma``, ``step`` and
+    ``position`` read it then if nothing has yet."""
 
     index: int
-    sigma: float
-    step: int
     total_steps: int
     record: EvaluationRecord
-    position: int = 0
     schedule_steps: int = 0
     decisions: dict[str, bool] = dataclasses.field(default_factory=dict)
     skipped_by: set[str] = dataclasses.field(default_factory=set)  # deciders whose skip really happened
     occurrences: Counter = dataclasses.field(default_factory=Counter)
     from_sampler: bool = False  # begun by the sampler's evaluation hook: ``sigma`` holds for every forward in it
+    pending_sigma: torch.Tensor | None = None  # the sampler's sigma, not read yet
+    read_pending: Callable[[], None] | None = dataclasses.field(default=None, repr=False)  # the run's transfer
+    _sigma: float = math.nan
+    _step: int = 0
+    _position: int = 0
+
+    def place(self, sigma: float, step: int, position: int) -> None:
+        self._sigma, self._step, self._position = sigma, step, position
+        self.record.sigma, self.record.step = sigma, step
+
+    def _read(self) -> None:
+        if self.pending_sigma is not None:
+            self.read_pending()
+
+    @property
+    def sigma(self) -> float:
+        self._read()
+        return self._sigma
+
+    @property
+    def step(self) -> int:
+        self._read()
+        return self._step
+
+    @property
+    def position(self) -> int:
+        self._read()
+        return self._position
 
     @property
     def is_last_step(self) -> bool:
@@ -185,7 +216,7 @@ class LoopState:
         self.records: list[EvaluationRecord] = []
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
         self.foreign_slot_forwards = 0  # forwards in which another patch served some of the pack's block slots
-        self.finite_rows: list = []  # (forward, its rows' finiteness on the device) the NaN watch has yet to read
+        self.deferred: list = []  # (tensors, then): device values to read with the next transfer (read_later)
         self.evaluation: Evaluation | None = None
         self.current_forward: Forward | None = None
         self.card = None
@@ -216,18 +247,28 @@ class LoopState:
         return step
 
     # -- evaluations and forwards ----------------------------------------------------------------
-    def begin_evaluation(self, sigma: float) -> Evaluation:
+    def begin_evaluation(self, sigma: float | torch.Tensor) -> Evaluation:
+        """A new evaluation at ``sigma``: a number, or the sampler's tensor, then read with the evaluation's first
+        transfer (:meth:`transfer`)."""
         index = len(self.records)
-        step = self.step_of(sigma)
-        record = EvaluationRecord(index=index, step=step, sigma=sigma)
+        record = EvaluationRecord(index=index, step=0, sigma=math.nan)
         self.records.append(record)
-        self.evaluation = Evaluation(index, sigma, step, self.total_steps, record, self.first_step + step,
-                                     self.schedule_steps)
-        return self.evaluation
+        ev = Evaluation(index, self.total_steps, record, self.schedule_steps, read_pending=self.transfer)
+        if isinstance(sigma, torch.Tensor):
+            ev.pending_sigma = sigma.detach().reshape(-1)[:1]
+        else:
+            self._place(ev, float(sigma))
+        self.evaluation = ev
+        return ev
+
+    def _place(self, ev: Evaluation, sigma: float) -> None:
+        step = self.step_of(sigma)
+        ev.place(sigma, step, self.first_step + step)
 
     def end_evaluation(self) -> None:
         ev = self.evaluation
         if ev is not None:
+            ev._read()  # an evaluation that needed nothing from the host still records where it was
             for decider_id in ev.decisions:
                 self._count(decider_id, ev)
             self.measure_cache()
@@ -244,15 +285,18 @@ class LoopState:
             record.last_compute = ev.index
             record.consecutive_skips = 0
 
-    def ensure_evaluation(self, sigma: float) -> Evaluation:
-        """Forwards outside a sampler evaluation (a custom sampler calling the model directly)."""
+    def ensure_evaluation(self, sigma: float | None) -> Evaluation:
+        """The evaluation a forward at ``sigma`` belongs to. None: the sampler's current one (its hook began it).
+        A number: forwards outside a sampler evaluation (a custom sampler calling the model directly)."""
         ev = self.evaluation
+        if sigma is None:
+            return ev
         if ev is None or not math.isclose(ev.sigma, sigma, rel_tol=1e-6, abs_tol=1e-9):
             self.end_evaluation()
             ev = self.begin_evaluation(sigma)
         return ev
 
-    def begin_forward(self, sigma: float, batch: int, row_shape: tuple[int, ...], dtype: torch.dtype,
+    def begin_forward(self, sigma: float | None, batch: int, row_shape: tuple[int, ...], dtype: torch.dtype,
                       cond_or_uncond: Sequence[int] | None, uuids: Sequence[Hashable] | None) -> Forward:
         ev = self.ensure_evaluation(sigma)
         branches = list(cond_or_uncond) if cond_or_uncond else [None]
@@ -285,16 +329,44 @@ class LoopState:
                 obs.on_forward(self, forward, output)
         self.current_forward = None
 
+    # -- transfers to the host -----------------------------------------------------------------------
+    def read_later(self, tensors: list[torch.Tensor], then: Callable[[list[list[float]]], None]) -> None:
+        """Read ``tensors`` with the run's next transfer and hand their values (one flat list per tensor) to
+        ``then``: what is not needed at once (the NaN watch's flags, a rate for a later decision, a calibration's
+        recording) costs no device sync of its own."""
+        self.deferred.append((tensors, then))
+
+    def transfer(self, measures: Sequence[Measure] = ()) -> None:
+        """Bring to the host, in one transfer (one device sync), the sums of ``measures``, the current
+        evaluation's sigma if it is not read yet, and every deferred read (whose ``then`` runs here, in order).
+        Nothing due (measures without terms included): no transfer."""
+        ev = self.evaluation
+        sigma = [ev.pending_sigma] if ev is not None and ev.pending_sigma is not None else []
+        deferred, self.deferred = self.deferred, []
+        tensors = sigma + [t for pending, _ in deferred for t in pending] + terms_of(measures)
+        host = to_host(tensors) if tensors else []
+        if sigma:
+            ev.pending_sigma = None
+            self._place(ev, host[0][0])
+        at = len(sigma)
+        for pending, then in deferred:
+            then(host[at:at + len(pending)])
+            at += len(pending)
+        deliver(measures, host[at:])
+
     # -- decisions --------------------------------------------------------------------------------
     def decide(self, decider: Decider, signals: dict[BranchKey, torch.Tensor] | None) -> bool:
         """The evaluation's decision for ``decider`` (True = compute), made once and shared by every
-        forward of the evaluation, so every CFG branch follows the same schedule. A decision to skip is only
-        a wish: the engine skips where the cache allows and reports it with :meth:`skipped`."""
+        forward of the evaluation, so every CFG branch follows the same schedule. The decider's measures, the
+        sigma and whatever else is due come over in one transfer. A decision to skip is only a wish: the engine
+        skips where the cache allows and reports it with :meth:`skipped`."""
         ev = self.evaluation
         if decider.id in ev.decisions:
             return ev.decisions[decider.id]
-        forced = ev.index == 0 or ev.is_last_step or not self.in_window(decider, ev)
-        compute = True if forced else bool(decider.decide(self, ev, signals))
+        measured = decider.measure(self, ev, signals)
+        self.transfer(measured)
+        forced = ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
+        compute = True if forced else bool(decider.decide(self, ev, signals, measured))
         if self.group is not None:  # on every evaluation, forced or not: the ranks stay in step
             compute = self.group.any(compute)
         ev.decisions[decider.id] = compute
@@ -393,7 +465,7 @@ class LoopState:
         deciders (``keeps_results``), whose recordings are the run's result."""
         self.caches.clear()
         self.branch_states.clear()
-        self.finite_rows.clear()
+        self.deferred.clear()
         for interceptor in self.chain:
             if not interceptor.keeps_results:
                 self.run_states.pop(interceptor.id, None)

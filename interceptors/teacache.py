@@ -13,7 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .base import Decider, Granularity, InterceptorError, check_range
-from .metrics import relative_l1
+from .metrics import relative_l1_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
@@ -73,17 +73,19 @@ class TeaCache(Decider):
         previous: dict = dataclasses.field(default_factory=dict)  # modulated input of the previous evaluation
         accumulated: float = 0.0
 
-    def decide(self, run, ev, signals) -> bool:
+    def measure(self, run, ev, signals) -> list:
+        previous = run.state_of(self).previous
+        if self.threshold <= 0 or not signals or not previous or self.coefficients_for(run.card) is None:
+            return []
+        return [relative_l1_of(signals, previous, run.group)]
+
+    def decide(self, run, ev, signals, measured) -> bool:
         state = run.state_of(self)
-        previous = dict(state.previous)
         state.previous.update(run.keep(signals))
-        coefficients = self.coefficients_for(run.card)
-        if self.threshold <= 0 or not signals or not previous or coefficients is None:
-            return True
-        change = relative_l1(signals, previous, run.group)
+        change = measured[0].value() if measured else None
         if change is None:
             return True
-        state.accumulated += abs(rescale(coefficients, change))
+        state.accumulated += abs(rescale(self.coefficients_for(run.card), change))
         run.report_metric(self, state.accumulated, self.threshold)
         return state.accumulated >= self.threshold
 

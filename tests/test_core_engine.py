@@ -108,7 +108,7 @@ class EveryOther(ic.Decider):
     display_name = "Every other"
     granularity = ic.Granularity.BLOCKS
 
-    def decide(self, run, ev, signals):
+    def decide(self, run, ev, signals, measured):
         return ev.index % 2 == 0
 
 

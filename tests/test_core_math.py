@@ -168,7 +168,7 @@ class _SkipOdd(ic.Decider):
     display_name = "Skip odd"
     granularity = ic.Granularity.MODEL
 
-    def decide(self, run, ev, signals):
+    def decide(self, run, ev, signals, measured):
         return ev.step % 2 == 0
 
 

@@ -130,10 +130,10 @@ def test_every_kept_tensor_goes_to_the_cache_device(comfy, name, monkeypatch):
     strays = []
 
     def check(run, ev):
-        # The NaN watch's per-row finiteness flags are not cached values: they stay on the compute device until
-        # the next evaluation reads them with its sigma.
+        # Deferred reads (the NaN watch's per-row finiteness flags, a rate's sums) are not cached values: they
+        # stay on the compute device until the next transfer to the host reads them.
         strays.extend(path for path, tensor in tensors_in(run, with_values=True)
-                      if id(tensor) not in placed and not path.startswith("run.finite_rows"))
+                      if id(tensor) not in placed and not path.startswith("run.deferred"))
 
     chain = _chain_of(comfy, name)
     on_cpu, runs = _sample(comfy, chain, cache_on_cpu=True, on_evaluation=check)

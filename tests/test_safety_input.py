@@ -274,7 +274,8 @@ def test_nan_stops_sampling_at_that_step_naming_step_branch_and_who_was_in_charg
     named = message.split("branch")[1].split(";")[0].replace(",", " ").split()
     assert sorted(named) == sorted(branches.split()), message
     assert in_charge in message, message
-    assert CAPTURED["work"]["forwards"] == at + 1, "sampling stopped at the forward that produced it"
+    # the flags come over with the next evaluation's transfer (its decision): sampling stops there at the latest
+    assert at + 1 <= CAPTURED["work"]["forwards"] <= at + 2, "sampling went on past the next evaluation"
     assert "out" not in CAPTURED
 
 
