@@ -23,6 +23,13 @@ import torch
 import torch.distributed as dist
 
 
+def collective_device(backend: str) -> torch.device:
+    """Where a group's collectives take their tensors: NCCL (every multi-GPU run, Raylight's included) reduces
+    CUDA tensors only, on the process's current device; gloo, or a group that also has a CPU backend
+    (``"cpu:gloo,cuda:nccl"``), reduces them on the CPU, where the values already are."""
+    return torch.device("cuda") if str(backend).lower() == "nccl" else torch.device("cpu")
+
+
 class RankGroup:
     """The ranks whose blocks share one sequence (a torch.distributed process group) for one run.
 
@@ -35,6 +42,7 @@ class RankGroup:
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+        self.device = collective_device(dist.get_backend(group))
         self.shard_tokens = 0
         self.padding = 0
 
@@ -56,13 +64,13 @@ class RankGroup:
 
     def sum(self, values: list[float]) -> list[float]:
         """Elementwise sums of ``values`` over the group; every rank gets the same numbers."""
-        buffer = torch.tensor(values, dtype=torch.float64)
+        buffer = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
         return buffer.tolist()
 
     def any(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is True on any rank."""
-        buffer = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        buffer = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
         dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=self.group)
         return bool(buffer.item())
 

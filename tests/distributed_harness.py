@@ -1,14 +1,17 @@
-"""Ranks on CPU (gloo) sampling ComfyUI's tiny Wan with its tokens split between them, as under Raylight's USP.
+"""Ranks on CPU (gloo) sampling ComfyUI's tiny Wan or Flux with its tokens split between them, as under xDiT's USP.
 
 Each rank is a process started by torch.multiprocessing: it loads ComfyUI's code and the pack through ComfyUI's
-own custom-node loader, builds the same tiny Wan 2.1 (tests/tiny_models.py), and samples it with
+own custom-node loader, builds the same tiny model (tests/tiny_models.py), and samples it with
 ``nodes.common_ksampler`` through the pack's real wrappers and block replacements.
 
-The sequence parallelism is the test's: a ``DIFFUSION_MODEL`` wrapper runs Wan's forward with the patch tokens
-padded to a multiple of the ranks and split between them (as xDiT USP does, and Raylight's Wan forward, which
-also records ``grid_sizes``), an attention override that gathers every rank's keys and values (a real
-all_gather, padding dropped), and an all_gather of the output after the head. Every collective a rank issues,
-the model's and the pack's, is logged in order.
+The sequence parallelism is the test's: a ``DIFFUSION_MODEL`` wrapper runs the model's forward with the image
+tokens padded to a multiple of the ranks and split between them (as xDiT USP does, and Raylight's Wan forward,
+which also records ``grid_sizes``), an attention override that gathers every rank's keys and values (a real
+all_gather, padding dropped), and an all_gather of the output after the head. Flux's text tokens stay whole on
+every rank, as xDiT keeps them when the text does not divide between the ranks (Raylight's Flux forward pads and
+splits the text too, and re-splits the joint stream before the single blocks): the double blocks see the text
+and this rank's image shard, the single blocks their concatenation. Every collective a rank issues, the model's
+and the pack's, is logged in order.
 """
 from __future__ import annotations
 
@@ -29,7 +32,6 @@ import torch.multiprocessing as mp
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 STEPS = 10
-LATENT = (1, 16, 1, 10, 10)  # one frame of 5 x 5 patches: 25 tokens, so two ranks hold 13 + 12 and 1 padding
 
 
 def run_ranks(world: int, scenarios: list[dict], sync: bool = True, timeout_s: int = 60) -> list[dict]:
@@ -120,10 +122,12 @@ def chain_of(ic, scenario):
 
 def _sample(adapter, ic, nodes, tiny_models, scenario, rank, world, sync):
     evaluations, counts = [], {"blocks": 0}
-    model = tiny_models.build("wan21", seed=0)
+    family = scenario.get("model", "wan21")
+    latent_shape, sequence_parallel = MODELS[family]
+    model = tiny_models.build(family, seed=0)
     model.add_wrapper_with_key("diffusion_model", "test_sequence_parallel",
                                _cfg_parallel(rank, world) if scenario.get("cfg_parallel") and world > 1 else
-                               _sequence_parallel(rank, world, counts, scenario.get("concentrate", 0.0)))
+                               sequence_parallel(rank, world, counts, scenario.get("concentrate", 0.0)))
     group = (lambda: ic.distributed.group_of()) if sync and world > 1 else None
 
     def on_evaluation(run, ev):
@@ -133,26 +137,37 @@ def _sample(adapter, ic, nodes, tiny_models, scenario, rank, world, sync):
     notes = []
     patched = adapter.install(model, chain_of(ic, scenario), on_evaluation=on_evaluation, rank_group=group,
                               on_run_end=lambda run, summary: notes.extend(run.notes))
-    positive, negative = tiny_models.conditioning("wan21", seed=1)
+    positive, negative = tiny_models.conditioning(family, seed=1)
     gen = torch.Generator().manual_seed(3)
-    latent = {"samples": torch.randn(LATENT, generator=gen)}
+    latent = {"samples": torch.randn(latent_shape, generator=gen)}
     out = nodes.common_ksampler(patched, 7, STEPS, 4.0, "euler", "simple", positive, negative, latent)[0]["samples"]
     return {"evaluations": evaluations, "blocks": counts["blocks"], "output": out, "notes": notes}
 
 
-def _shard(tensor, rank, world):
-    """This rank's part of ``tensor``'s token axis (1), zero-padded to a multiple of the ranks first."""
-    total = tensor.shape[1]
-    pad = (-total) % world
+def _shard(tensor, rank, world, dim=1):
+    """This rank's part of ``tensor``'s token axis ``dim``, zero-padded to a multiple of the ranks first."""
+    pad = (-tensor.shape[dim]) % world
     if pad:
-        tensor = torch.cat([tensor, tensor.new_zeros((tensor.shape[0], pad) + tuple(tensor.shape[2:]))], dim=1)
-    return tensor.chunk(world, dim=1)[rank]
+        shape = list(tensor.shape)
+        shape[dim] = pad
+        tensor = torch.cat([tensor, tensor.new_zeros(shape)], dim=dim)
+    return tensor.chunk(world, dim=dim)[rank]
 
 
-def _gather(tensor, total, world):
+def _gather(tensor, total, world, dim=1):
+    """Every rank's shard of the token axis ``dim``, in rank order, the padding (past ``total``) dropped."""
+    tensor = tensor.contiguous()
     parts = [torch.empty_like(tensor) for _ in range(world)]
-    dist.all_gather(parts, tensor.contiguous())
-    return torch.cat(parts, dim=1)[:, :total]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=dim).narrow(dim, 0, total)
+
+
+def _swirl(tokens, timestep, amount):
+    """``tokens`` with a step-dependent swirl added to the first rank's shard only (of two), so that the change
+    between steps is concentrated in one shard (part of the model: the one-process run has it too)."""
+    first_shard = -(-tokens.shape[1] // 2)
+    swirl = torch.sin(timestep.float().reshape(-1, 1, 1) * 0.37 + torch.arange(tokens.shape[2]) * 0.5)
+    return torch.cat([tokens[:, :first_shard] + amount * swirl.to(tokens), tokens[:, first_shard:]], dim=1)
 
 
 def _cfg_parallel(rank, world):
@@ -168,10 +183,9 @@ def _cfg_parallel(rank, world):
     return forward
 
 
-def _sequence_parallel(rank, world, counts, concentrate):
+def _wan_sequence_parallel(rank, world, counts, concentrate):
     """A DIFFUSION_MODEL wrapper: ComfyUI's Wan forward (``WanModel._forward`` / ``forward_orig``), run on this
-    rank's token shard. ``concentrate`` adds a step-dependent swirl to the first rank's tokens only, so that the
-    change between steps is concentrated in one shard (part of the model: the one-process run has it too)."""
+    rank's token shard. ``concentrate`` swirls the first rank's tokens (:func:`_swirl`)."""
     import comfy.ldm.common_dit
     from comfy.ldm.wan.model import sinusoidal_embedding_1d
 
@@ -185,9 +199,7 @@ def _sequence_parallel(rank, world, counts, concentrate):
         x = x.flatten(2).transpose(1, 2)
         total = x.shape[1]
         if concentrate:
-            first_shard = -(-total // 2)
-            swirl = torch.sin(timestep.float().reshape(-1, 1, 1) * 0.37 + torch.arange(x.shape[2]) * 0.5)
-            x = torch.cat([x[:, :first_shard] + concentrate * swirl.to(x), x[:, first_shard:]], dim=1)
+            x = _swirl(x, timestep, concentrate)
         e = m.time_embedding(sinusoidal_embedding_1d(m.freq_dim, timestep.flatten()).to(dtype=x[0].dtype))
         e0 = m.time_projection(e.reshape(timestep.shape[0], -1, e.shape[-1])).unflatten(2, (6, m.dim))
         context = m.text_embedding(context)
@@ -215,6 +227,79 @@ def _sequence_parallel(rank, world, counts, concentrate):
             x = _gather(x, total, world)
         return m.unpatchify(x, grid_sizes)[:, :, :t, :h, :w]
     return forward
+
+
+def _flux_sequence_parallel(rank, world, counts, concentrate):
+    """A DIFFUSION_MODEL wrapper: ComfyUI's Flux forward (``Flux._forward`` / ``forward_orig``, Flux.1 without
+    reference latents or ControlNet), its image tokens and their rope split between the ranks, the text whole on
+    every rank. Joint attention (text + image) takes every rank's image keys and values. ``concentrate`` swirls
+    the first rank's image tokens (:func:`_swirl`, on Flux's timestep in Wan's units)."""
+    from einops import rearrange
+    from comfy.ldm.flux.layers import timestep_embedding
+
+    def forward(executor, x, timestep, context, y=None, guidance=None, ref_latents=None, control=None,
+                transformer_options={}, **kw):
+        m = executor.class_obj
+        assert ref_latents is None and control is None and not m.params.global_modulation
+        bs, _, h, w = x.shape
+        patch = m.patch_size
+        h_len, w_len = (h + patch // 2) // patch, (w + patch // 2) // patch
+        img, img_ids = m.process_img(x, transformer_options=transformer_options)
+        txt_ids = torch.zeros((bs, context.shape[1], len(m.params.axes_dim)), dtype=torch.float32)
+        for i in m.params.txt_ids_dims:
+            txt_ids[:, :, i] = torch.linspace(0, context.shape[1] - 1, steps=context.shape[1])
+        img = m.img_in(img)
+        vec = m.time_in(timestep_embedding(timestep, 256).to(img.dtype))
+        if m.params.guidance_embed and guidance is not None:
+            vec = vec + m.guidance_in(timestep_embedding(guidance, 256).to(img.dtype))
+        if m.vector_in is not None:
+            vec = vec + m.vector_in(y[:, :m.params.vec_in_dim])
+        txt = m.txt_in(m.txt_norm(context) if m.txt_norm is not None else context)
+        pe = m.pe_embedder(torch.cat((txt_ids, img_ids), dim=1))  # [rows, 1, tokens, ...]: text first
+        text, total = txt.shape[1], img.shape[1]
+        if concentrate:
+            img = _swirl(img, timestep * 1000, concentrate)
+        options = transformer_options
+        if world > 1:
+            img = _shard(img, rank, world)
+            pe = torch.cat([pe[:, :, :text], _shard(pe[:, :, text:], rank, world, dim=2)], dim=2)
+
+            def attention(func, q, k, v, *args, **kwargs):  # [rows, heads, text + image shard, head dim]
+                k, v = (torch.cat([t[:, :, :text], _gather(t[:, :, text:], total, world, dim=2)], dim=2)
+                        for t in (k, v))
+                return func(q, k, v, *args, **kwargs)
+            options = dict(transformer_options, grid_sizes=(h_len, w_len), optimized_attention_override=attention)
+        blocks_replace = options.get("patches_replace", {}).get("dit", {})
+        for i, block in enumerate(m.double_blocks):
+            def double_wrap(args, block=block):
+                counts["blocks"] += 1
+                img, txt = block(img=args["img"], txt=args["txt"], vec=args["vec"], pe=args["pe"],
+                                 attn_mask=args.get("attn_mask"), transformer_options=args.get("transformer_options"))
+                return {"img": img, "txt": txt}
+            args = {"img": img, "txt": txt, "vec": vec, "pe": pe, "attn_mask": None, "transformer_options": options}
+            replace = blocks_replace.get(("double_block", i))
+            out = replace(args, {"original_block": double_wrap}) if replace else double_wrap(args)
+            img, txt = out["img"], out["txt"]
+        img = torch.cat((txt, img), dim=1)
+        for i, block in enumerate(m.single_blocks):
+            def single_wrap(args, block=block):
+                counts["blocks"] += 1
+                return {"img": block(args["img"], vec=args["vec"], pe=args["pe"], attn_mask=args.get("attn_mask"),
+                                     transformer_options=args.get("transformer_options"))}
+            args = {"img": img, "vec": vec, "pe": pe, "attn_mask": None, "transformer_options": options}
+            replace = blocks_replace.get(("single_block", i))
+            img = (replace(args, {"original_block": single_wrap}) if replace else single_wrap(args))["img"]
+        img = m.final_layer(img[:, text:], vec)
+        if world > 1:
+            img = _gather(img, total, world)
+        return rearrange(img, "b (h w) (c ph pw) -> b c (h ph) (w pw)", h=h_len, w=w_len, ph=patch,
+                         pw=patch)[:, :, :h, :w]
+    return forward
+
+
+# family -> (latent shape, sequence-parallel forward). Both latents make 5 x 5 patches: 25 image tokens, so two
+# ranks hold 13 + 12 and 1 padding.
+MODELS = {"wan21": ((1, 16, 1, 10, 10), _wan_sequence_parallel), "flux": ((1, 16, 10, 10), _flux_sequence_parallel)}
 
 
 def as_json(results) -> str:
