@@ -73,14 +73,14 @@ class StubServer:
 class Comfy:
     """A headless ComfyUI with the pack loaded from a custom_nodes folder by ComfyUI's own loader."""
 
-    def __init__(self, path: Path, tmp: Path | None = None):
+    def __init__(self, path: Path, tmp: Path | None = None, cpu: bool = True):
         """``tmp`` holds ComfyUI's input/output/temp/user folders and the pack's custom_nodes link; without
-        one, a temporary folder removed when the process exits."""
+        one, a temporary folder removed when the process exits. ``cpu`` False lets ComfyUI use its GPU."""
         self.path = path
         self.version = comfyui_version(path)
         sys.path.insert(0, str(path))
         from comfy.cli_args import args
-        args.cpu = True
+        args.cpu = cpu
         args.use_pytorch_cross_attention = True
         args.disable_all_custom_nodes = False
         import comfy.model_management  # noqa: F401  (after the CPU flags)

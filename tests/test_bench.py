@@ -147,3 +147,16 @@ def test_sweep_extension_and_targets_without_comfyui():
     assert analysis["targets"]["A"] == {"30": 0.7, "31": 0.7, "35": 0.5, "40": 0.5, "45": 0.0}
     versus = analysis["versus"]["A"]["EasyCache"]
     assert versus == {"better": 12, "equal": 4, "worse": 0, "beats": True}
+
+
+def test_device_flag_reaches_comfyui_and_the_overhead_definition(results):
+    """``--device cuda`` asks ComfyUI for its GPU and defines overhead as wall time; the default stays on the CPU
+    with CPU time around the blocks. The tiny run above went through the CPU path end to end."""
+    import bench
+    from bench_report import overhead_table
+    assert bench.parse_args([]).device == "cpu" and bench.parse_args(["--device", "cuda"]).device == "cuda"
+    data, _ = results
+    assert data["meta"]["device"] == data["overhead"]["device"] == "cpu"
+    assert "CPU time the method adds around" in "\n".join(overhead_table(data))
+    on_gpu = dict(data, overhead=dict(data["overhead"], device="cuda"))
+    assert "wall time (CUDA events)" in "\n".join(overhead_table(on_gpu))

@@ -56,6 +56,10 @@ def parse_args(argv=None) -> Config:
     p.add_argument("--no-overhead", action="store_true", help="skip the heavy-model overhead workload")
     p.add_argument("--overhead-repeats", type=int, help="timing rounds on the heavy model (default 5)")
     p.add_argument("--overhead-steps", type=int, help="steps on the heavy model (default 8)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: ComfyUI loads and samples every model on the GPU, runs are timed with CUDA events "
+                        "(warm-up run first, baseline and method runs alternated, medians), and a method's overhead "
+                        "is the wall time it adds (default cpu)")
     p.add_argument("--no-other-packs", action="store_true",
                    help="do not load the packs in ComfyUI's custom_nodes folder (peers such as TeaCache)")
     p.add_argument("--out", help="output folder (default bench/)")
@@ -99,6 +103,7 @@ def parse_args(argv=None) -> Config:
     if a.overhead_steps is not None:
         c.overhead_steps = a.overhead_steps
     c.other_packs = not a.no_other_packs
+    c.device = a.device
     if a.out:
         c.out = a.out
     c.plot = not a.no_plot

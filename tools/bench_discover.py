@@ -85,6 +85,7 @@ class Config:
         "hidden_size": 256, "num_heads": 4, "depth": 2, "depth_single_blocks": 4, "seed": 0})
     overhead_image: int = 256            # pixels; the latent is image/8 per side (Flux patch 2 -> (image/16)^2 tokens)
     other_packs: bool = True
+    device: str = "cpu"                  # "cuda": ComfyUI samples on the GPU; runs timed with CUDA events
     out: str | None = str(ROOT / "bench")
     plot: bool = True
     quick: bool = False
@@ -135,9 +136,9 @@ class _Quiet(logging.Filter):
         return False
 
 
-def start_comfy(other_packs: bool = True):
-    """A headless ComfyUI (tests/comfy_harness.Comfy) with the bench nodes and, optionally, the caching
-    packs installed in that ComfyUI's own custom_nodes folder."""
+def start_comfy(other_packs: bool = True, device: str = "cpu"):
+    """A headless ComfyUI (tests/comfy_harness.Comfy) on ``device`` with the bench nodes and, optionally, the
+    caching packs installed in that ComfyUI's own custom_nodes folder."""
     from comfy_harness import Comfy, find_comfyui
     path = find_comfyui()
     if path is None:
@@ -147,7 +148,7 @@ def start_comfy(other_packs: bool = True):
     root = logging.getLogger()
     root.addFilter(quiet)  # ComfyUI logs import failures on the root logger
     try:
-        comfy = Comfy(path)
+        comfy = Comfy(path, cpu=device == "cpu")
         loaded = load_other_packs(comfy) if other_packs else []
     finally:
         root.removeFilter(quiet)

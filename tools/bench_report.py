@@ -158,8 +158,11 @@ def overhead_table(results: dict) -> list[str]:
              f"{o['steps']} steps, cfg {o['cfg']:g}: uncached {o['baseline_seconds']:.2f} s per run, "
              f"{1000 * o['baseline_seconds'] / o['steps']:.0f} ms per step. Each method at the setting that skips "
              f"nothing; TaylorSeer's own cost shown chained to Fixed Cadence and First Block Cache. **Overhead** = "
-             f"CPU time the method adds around the transformer blocks (the blocks do the same work in both runs, so "
-             f"their timing noise is taken out), as a share of the uncached run: median over {o['repeats']} rounds, "
+             + ("wall time (CUDA events) the method adds on the GPU, as a share of the uncached run: "
+                if o.get("device") == "cuda" else
+                "CPU time the method adds around the transformer blocks (the blocks do the same work in both runs, "
+                "so their timing noise is taken out), as a share of the uncached run: ")
+             + f"median over {o['repeats']} rounds, "
              f"baseline and method runs alternated. *Total CPU* = the plain difference of the runs' CPU times, "
              f"which the machine's other load moves by a few percent either way.",
              ""]

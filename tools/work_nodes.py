@@ -26,6 +26,8 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
     blocks. ``groups`` is ``{patches_replace["dit"] name: block count}``. With ``copy_input`` the diffusion
     model gets a copy of its input, as a cast to a reduced-precision model dtype makes anyway (for methods
     that write into it in place)."""
+    import comfy.model_management
+    import torch
     from comfy.patcher_extension import WrappersMP
 
     record.clear()
@@ -34,12 +36,23 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
     m = model.clone()
     first = next(iter(groups), None)
 
+    on_gpu = comfy.model_management.get_torch_device().type == "cuda"
+
     def timed_sample(executor, *args, **kwargs):
+        # On a GPU the work is queued: CUDA events around the run time it on the device's own clock.
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if on_gpu else None
+        if events:
+            events[0].record()
         started, cpu_started = time.perf_counter(), time.process_time()
         try:
             return executor(*args, **kwargs)
         finally:
-            record["seconds"] += time.perf_counter() - started
+            if events:
+                events[1].record()
+                events[1].synchronize()
+                record["seconds"] += events[0].elapsed_time(events[1]) / 1000.0
+            else:
+                record["seconds"] += time.perf_counter() - started
             record["cpu_seconds"] += time.process_time() - cpu_started
             record["runs"] += 1
 
