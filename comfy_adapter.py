@@ -362,7 +362,8 @@ def _modulated_input(card: ModelCard, model, decider):
             return normed + normed * scale + shift
         return ltxv
     if card.family == "wan":
-        return lambda args: args["vec"]  # e0, the projected timestep embedding TeaCache's Wan fit uses
+        return lambda args: args["vec"].clone()  # e0, the projected timestep embedding TeaCache's Wan fit uses;
+                                                 # a copy, as deciders may keep a signal as it is
     return None
 
 

@@ -113,9 +113,10 @@ class Decider(Interceptor):
     """Chooses, once per sampler evaluation, whether the model work it covers is computed or skipped.
 
     ``signal`` says what the engine must hand to :meth:`decide`:
-    ``"none"`` (schedule only), ``"model_input"`` (the latent entering the model, per branch),
-    ``"probe_residual"`` (residual of the front blocks, per branch) or ``"modulated_input"`` (the
-    timestep-modulated input of block 0, per branch).
+    ``"none"`` (schedule only), ``"model_input"`` (the latent entering the model, per branch: the sampler's
+    tensor), ``"probe_residual"`` (residual of the front blocks, per branch) or ``"modulated_input"`` (the
+    timestep-modulated input of block 0, per branch); the last two are tensors the engine made for the decider,
+    which nothing modifies afterwards (``run.keep(signals, copy=False)`` may keep them as they are).
 
     Block vocabulary, used throughout the core: the *front* blocks (the papers' Fn, DBCache's "first n") always
     run and their residual is the *probe*; the *back* blocks (Bn, "last n") always run too; the blocks between

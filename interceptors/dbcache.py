@@ -83,7 +83,7 @@ class DBCache(Decider):
         return diff >= self.threshold
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        for key, residual in run.keep(signals).items():
+        for key, residual in run.keep(signals, copy=False).items():  # the engine's probe residual
             run.branch_of(self, key).anchor = residual
 
 

@@ -414,10 +414,13 @@ class LoopState:
         return state
 
     # -- caches -----------------------------------------------------------------------------------
-    def keep(self, parts: dict | None) -> dict:
-        """Branch tensors a decider keeps across evaluations (anchors, previous inputs): detached copies on the
-        cache device, since the model may modify what it was handed in place."""
-        return {k: self.to_cache(v.detach().clone()) for k, v in parts.items()} if parts else {}
+    def keep(self, parts: dict | None, copy: bool = True) -> dict:
+        """Branch tensors a decider keeps across evaluations (anchors, previous inputs), detached, on the cache
+        device: copies, since the model may modify what it was handed in place; with ``copy=False`` the tensors
+        themselves, for values the engine made that nothing modifies (a probe residual, a modulated input)."""
+        if not parts:
+            return {}
+        return {k: self.to_cache(v.detach().clone() if copy else v.detach()) for k, v in parts.items()}
 
     def to_cache(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` where the run keeps cached tensors. A blocking copy: a non-blocking one into pageable host

@@ -81,7 +81,7 @@ class TeaCache(Decider):
 
     def decide(self, run, ev, signals, measured) -> bool:
         state = run.state_of(self)
-        state.previous.update(run.keep(signals))
+        state.previous.update(run.keep(signals, copy=False))  # computed by the adapter
         change = measured[0].value() if measured else None
         if change is None:
             return True
@@ -94,4 +94,4 @@ class TeaCache(Decider):
         # as in the authors' code; otherwise the first step back in the window compares against a stale input.
         state = run.state_of(self)
         state.accumulated = 0.0
-        state.previous.update(run.keep(signals))
+        state.previous.update(run.keep(signals, copy=False))  # computed by the adapter

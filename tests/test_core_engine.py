@@ -1,6 +1,7 @@
 """The engine on hand-made models: what is computed, what is reused, and whose cache is read."""
 import dataclasses
 
+import pytest
 import torch
 
 from pack import load_core
@@ -306,3 +307,19 @@ def test_a_stream_that_changes_shape_inside_a_skippable_span_is_never_skipped_an
         run.end_evaluation()
     assert len(ran) == 3 * (len(SIGMAS) - 1)
     assert len(run.notes) == 1 and "changed shape" in run.notes[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_nan_watch_flags_exactly_the_rows_with_a_nan_or_inf(dtype):
+    """One flag per row, false exactly where a value is NaN or +-Inf (+Inf and -Inf together too), and true for
+    rows of the dtype's largest finite values, whose sum overflows the dtype itself."""
+    from cached_sampler_pack.interceptors.observers import rows_finite
+    top = torch.finfo(dtype).max
+    rows = torch.zeros(7, 2, 4, dtype=dtype)
+    rows[1, 0, 1] = float("nan")
+    rows[2, 1, 3] = float("inf")
+    rows[3, 0, 0] = -float("inf")
+    rows[4, 0, 0], rows[4, 1, 2] = float("inf"), -float("inf")
+    rows[5] = top
+    rows[6, 0], rows[6, 1] = top, -top
+    assert rows_finite(rows).tolist() == [True, False, False, False, False, True, True]
