@@ -99,23 +99,24 @@ class Evaluation:
         self._sigma, self._step, self._position = sigma, step, position
         self.record.sigma, self.record.step = sigma, step
 
-    def _read(self) -> None:
+    def read_sigma(self) -> None:
+        """Read the sampler's sigma now if it is still on the device (with whatever else is due)."""
         if self.pending_sigma is not None:
             self.read_pending()
 
     @property
     def sigma(self) -> float:
-        self._read()
+        self.read_sigma()
         return self._sigma
 
     @property
     def step(self) -> int:
-        self._read()
+        self.read_sigma()
         return self._step
 
     @property
     def position(self) -> int:
-        self._read()
+        self.read_sigma()
         return self._position
 
     @property
@@ -268,7 +269,7 @@ class LoopState:
     def end_evaluation(self) -> None:
         ev = self.evaluation
         if ev is not None:
-            ev._read()  # an evaluation that needed nothing from the host still records where it was
+            ev.read_sigma()  # an evaluation that needed nothing from the host still records where it was
             for decider_id in ev.decisions:
                 self._count(decider_id, ev)
             self.measure_cache()
