@@ -41,11 +41,6 @@ def _rows(sigma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return sigma.reshape((sigma.shape[0],) + (1,) * (like.ndim - 1)).to(like)
 
 
-def _sigma_now(state, sigma: torch.Tensor) -> float:
-    """The evaluation's sigma: as the run read it when given, else from the tensor (a device sync)."""
-    return state.now if state.now is not None else float(sigma.flatten()[0])
-
-
 @dataclasses.dataclass(frozen=True)
 class GuidanceCache(Decider):
     kind = "guidance_cache"
@@ -70,7 +65,6 @@ class GuidanceCache(Decider):
         last_sigma: float | None = None
         difference: torch.Tensor | None = None  # adaptive mode: the last computed eps(negative) - eps(positive)
         rate: float | None = None       # relative change of that difference per unit sigma (adaptive mode)
-        now: float | None = None        # the sigma of the evaluation being served, as the run read it once
 
     def validate(self) -> None:
         super().validate()
@@ -118,12 +112,12 @@ class GuidanceCache(Decider):
 
     # -- learning and estimating (epsilon space) ------------------------------------------------------
     def learned(self, run: "LoopState", state: "GuidanceCache.BranchState", positive: torch.Tensor,
-                negative: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor) -> None:
-        """Told the two predictions (denoised) of an evaluation that really computed both."""
+                negative: torch.Tensor, x: torch.Tensor, sigma: torch.Tensor, now: float) -> None:
+        """Told the two predictions (denoised) of an evaluation that really computed both; ``now`` is its sigma as
+        the run read it (``sigma`` the sampler's tensor, one per row)."""
         s = _rows(sigma, x)
         eps_pos, eps_neg = (x - positive) / s, (x - negative) / s
         difference = eps_neg - eps_pos
-        now = _sigma_now(state, sigma)
         if self.mode == "adaptive":
             if state.difference is not None and state.last_sigma != now:
                 previous = state.difference.to(difference)
@@ -137,10 +131,10 @@ class GuidanceCache(Decider):
         state.last_sigma, state.since = now, 0
 
     def estimated(self, state: "GuidanceCache.BranchState", positive: torch.Tensor, x: torch.Tensor,
-                  sigma: torch.Tensor) -> torch.Tensor:
+                  sigma: torch.Tensor, now: float) -> torch.Tensor:
         """The negative prediction (denoised) for this evaluation, from the positive one just computed."""
         s = _rows(sigma, x)
-        value = self._forecaster.estimate(state.slot, _sigma_now(state, sigma), x.device).to(dtype=x.dtype)
+        value = self._forecaster.estimate(state.slot, now, x.device).to(dtype=x.dtype)
         eps_neg = (x - positive) / s + value if self._tracks_difference else value
         return x - eps_neg * s
 
@@ -172,14 +166,12 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
         out = compute(conds)
         both = record.branches.get("cond") and record.branches.get("uncond")  # really computed, not estimated
         if both and ev.sigma != 0:
-            state.now = ev.sigma
-            gc.learned(run, state, out[POSITIVE], out[NEGATIVE], x, sigma)
+            gc.learned(run, state, out[POSITIVE], out[NEGATIVE], x, sigma, ev.sigma)
         return out
-    state.now = ev.sigma
     out = compute([conds[POSITIVE], None])
     run.skipped(gc)
     if record.branches.get("cond"):
         state.since += 1
     record.branches.setdefault("uncond", False)
     record.chunks_total += len(conds[NEGATIVE])  # the rows left out count as work saved
-    return [out[POSITIVE], gc.estimated(state, out[POSITIVE], x, sigma)]
+    return [out[POSITIVE], gc.estimated(state, out[POSITIVE], x, sigma, ev.sigma)]

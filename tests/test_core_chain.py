@@ -162,8 +162,8 @@ def test_guidance_estimates_from_the_positive_prediction_and_the_forecast_differ
         return x - (eps_pos + (0.3 + 2.0 * s)) * s  # guidance difference 0.3 + 2 sigma
 
     for s in (1.0, 0.8):
-        gc.learned(run, state, positive, negative_at(s), x, torch.full((2,), s))
-    estimate = gc.estimated(state, positive, x, torch.full((2,), 0.5))
+        gc.learned(run, state, positive, negative_at(s), x, torch.full((2,), s), s)
+    estimate = gc.estimated(state, positive, x, torch.full((2,), 0.5), 0.5)
     assert torch.allclose(estimate, negative_at(0.5), atol=1e-5)
 
 
@@ -172,6 +172,6 @@ def test_released_run_keeps_no_branch_tensors():
     gc = ic.GuidanceCache(interval=2)
     run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.0])
     state = run.branch_of(gc, ic.BranchKey(1, None, 0, (1, 2), "float32"))
-    gc.learned(run, state, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), torch.ones(1))
+    gc.learned(run, state, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), torch.ones(1), 1.0)
     run.release_caches()
     assert not run.branch_states
