@@ -164,8 +164,9 @@ class MagnitudeRecorder(RecordingDecider):
         ratios = [(norms[n] / last[n].to(norms[n]).clamp_min(1e-12)).mean() for n in norms if n in last
                   and last[n].shape == norms[n].shape]
         if ratios:  # read with the run's next transfer: recording costs no sync of its own
-            position = ev.position
-            run.read_later(ratios, lambda host: state.ratios.__setitem__(position, sum(v[0] for v in host) / len(host)))
+            def record(host, position=ev.position):
+                state.ratios[position] = sum(v[0] for v in host) / len(host)
+            run.read_later(ratios, record)
         if norms:  # a forward without the cond branch (CFG split over forwards) leaves the last norms alone
             state.last = {n: run.to_cache(norm) for n, norm in norms.items()}
 
