@@ -89,7 +89,7 @@ def init_weights(diffusion_model, std=0.02):
     """
     with torch.no_grad():
         for name, p in diffusion_model.named_parameters():
-            if name.endswith(".scale"):
+            if name.endswith((".scale", "_norm.weight")):  # RMSNorm gains: `scale`, `weight` in newer ComfyUI
                 p.fill_(1.0)
             elif p.ndim >= 2:
                 p.normal_(0.0, std)
@@ -169,15 +169,20 @@ def load_model(path=None, device="cpu", dtype=torch.float32):
     """Load the committed model as a ComfyUI ModelPatcher ready to sample.
 
     The UNet config is read from the file metadata (``unet_config``), the
-    network is built with :func:`build_model` and the weights stored under
-    ``diffusion_model.*`` are loaded strictly.
+    network is built with :func:`build_model`, and the weights stored under
+    ``diffusion_model.*`` go through the running ComfyUI's own state-dict
+    conversion for the model's config (``process_unet_state_dict``, which maps
+    the names of older checkpoints, such as Flux's RMSNorm ``scale`` that became
+    ``weight``) before they are loaded strictly: every weight must find its
+    place, on every ComfyUI version.
     """
     tensors, metadata = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
     config = json.loads(metadata["unet_config"])
     patcher = build_model(config, device=device, initialise=False, dtype=dtype)
     prefix = "diffusion_model."
     state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    patcher.model.diffusion_model.load_state_dict(state, strict=True)
+    model = patcher.model
+    model.diffusion_model.load_state_dict(model.model_config.process_unet_state_dict(state), strict=True)
     return patcher
 
 

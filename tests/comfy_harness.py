@@ -52,22 +52,33 @@ def comfyui_version(path: Path) -> str:
         return "unknown"
 
 
-class StubServer:
-    """What PromptExecutor and the progress-text channel need from ComfyUI's PromptServer."""
+def recording_server(server_module, loop):
+    """ComfyUI's own PromptServer, built as its main.py builds it, recording what it would send to a browser.
 
-    def __init__(self):
-        self.client_id = None
-        self.last_node_id = None
-        self.last_prompt_id = None
-        self.sockets_metadata = {}
-        self.messages: list[tuple] = []
-        self.progress_texts: list[tuple[str, str]] = []
+    Built before the built-in and custom nodes load, as ComfyUI does: some nodes register with it on load
+    (``nodes_replacements.py`` in newer versions)."""
 
-    def send_sync(self, event, data, sid=None):
-        self.messages.append((event, data))
+    class RecordingServer(server_module.PromptServer):
+        def __init__(self, loop):
+            super().__init__(loop)
+            self.sent: list[tuple] = []
+            self.progress_texts: list[tuple[str, str]] = []
 
-    def send_progress_text(self, text, node_id, sid=None):
-        self.progress_texts.append((str(node_id), text))
+        def send_sync(self, event, data, sid=None):
+            self.sent.append((event, data))
+
+        def send_progress_text(self, text, node_id, sid=None):
+            self.progress_texts.append((str(node_id), text))
+
+    return RecordingServer(loop)
+
+
+def executor_cache_args(comfy_args) -> dict:
+    """The ``cache_args`` ComfyUI's main.py hands its PromptExecutor, for the classic (unbounded) cache.
+
+    Newer versions read more keys (``ram_inactive`` since 2026); main.py's own dict is the reference, built
+    here from the same command-line arguments with the RAM-pressure headrooms off."""
+    return {"lru": comfy_args.cache_lru, "ram": 0, "ram_inactive": 0}
 
 
 class Comfy:
@@ -105,14 +116,16 @@ class Comfy:
         folder_paths.folder_names_and_paths["custom_nodes"] = ([str(custom)], set())
         self.pack_path = str(custom / PACK_DIR_NAME)
         logging.getLogger().setLevel(logging.WARNING)
-        asyncio.run(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))
+        import server
+        self.loop = asyncio.new_event_loop()
+        self.server = recording_server(server, self.loop)
+        self.comfy_args = args
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(nodes.init_extra_nodes(init_custom_nodes=True, init_api_nodes=False))
         self.pack = sys.modules.get(self.pack_path.replace(".", "_x_"))
         if self.pack is None or "CachedSampler" not in nodes.NODE_CLASS_MAPPINGS:
             raise RuntimeError("ComfyUI did not load the pack from custom_nodes (see the log for IMPORT FAILED).")
         self._register_test_nodes()
-        import server
-        self.server = StubServer()
-        server.PromptServer.instance = self.server
         import execution
         self.execution = execution
         self._ids = itertools.count()
@@ -129,14 +142,15 @@ class Comfy:
 
     def executor(self, cache: bool = True):
         cache_type = self.execution.CacheType.CLASSIC if cache else self.execution.CacheType.NONE
-        return self.execution.PromptExecutor(self.server, cache_type=cache_type, cache_args={"lru": 0, "ram": 0})
+        return self.execution.PromptExecutor(self.server, cache_type=cache_type,
+                                             cache_args=executor_cache_args(self.comfy_args))
 
     def run(self, prompt: dict, executor=None, expect_error: bool = False):
         """Validate and execute an API-format prompt; returns (executor, ui outputs by node id)."""
         ex = executor or self.executor()
         prompt = copy.deepcopy(prompt)  # ComfyUI writes into the prompt's node dicts
         pid = str(uuid.uuid4())
-        valid, err, outputs, node_errors = asyncio.run(self.execution.validate_prompt(pid, prompt, None))
+        valid, err, outputs, node_errors = self.loop.run_until_complete(self.execution.validate_prompt(pid, prompt, None))
         if not valid:
             if expect_error:
                 return None, {"error": err, "node_errors": node_errors}

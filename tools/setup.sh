@@ -14,18 +14,19 @@ quiet() {  # pip install, its exit status kept, without the root-user warning
 }
 installed() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1" 2>/dev/null; }
 
-# One torch: a matching torch/torchvision pair when there is none (torchvision 0.29 is built for torch 2.14),
-# else the torch already there is kept and every later install is pinned to it.
-TORCH=2.14.1 TORCHVISION=0.29.1
-"$PY" -c "import torch" 2>/dev/null || quiet "torch==$TORCH" "torchvision==$TORCHVISION"
+# One torch set. torch, torchvision and torchaudio are released together, each build made for one torch
+# version; pip left to itself pairs the newest torchaudio with any torch, and such a pair fails to import
+# or crashes later. So with no torch, install one known set; with a torch already there, keep it and add
+# only the torchvision/torchaudio releases made for exactly that version (every later install is pinned).
+TORCH=2.11.0 TORCHVISION=0.26.0 TORCHAUDIO=2.11.0  # the newest set with all three (torchaudio ends at 2.11)
+"$PY" -c "import torch" 2>/dev/null || quiet "torch==$TORCH" "torchvision==$TORCHVISION" "torchaudio==$TORCHAUDIO"
 TORCH_NOW=$(installed torch) || { echo "setup: torch did not install" >&2; exit 1; }
+TORCH_NOW=${TORCH_NOW%%+*}  # a local build tag (+cpu, +cu128) is not part of the release number
 PIN="torch==$TORCH_NOW"
 "$PY" -c "import torchvision" 2>/dev/null || quiet torchvision "$PIN" \
-  || echo "setup: no torchvision matches torch $TORCH_NOW; ComfyUI's upscale-model nodes will not load." >&2
-# torchaudio is released with torch's own version number; none exists after 2.11, so with a newer torch
-# ComfyUI's audio nodes print IMPORT FAILED (the pack does not use them).
-"$PY" -c "import torchaudio" 2>/dev/null || quiet "torchaudio==${TORCH_NOW%.*}.*" "$PIN" 2>/dev/null \
-  || echo "setup: no torchaudio release matches torch $TORCH_NOW; ComfyUI's audio nodes will not load (not needed here)." >&2
+  || echo "setup: no torchvision release is made for torch $TORCH_NOW; ComfyUI's upscale-model nodes will not load." >&2
+# torchaudio shares torch's release number: only torchaudio==$TORCH_NOW is made for this torch.
+"$PY" -c "import torchaudio" 2>/dev/null || quiet "torchaudio==$TORCH_NOW" "$PIN" 2>/dev/null || true
 quiet "pytest>=8" "scikit-learn>=1.3" "$PIN"
 
 COMFY=${COMFYUI_PATH:-}
