@@ -54,3 +54,32 @@ def config(prompt: dict, node_id: str, class_type: str, upstream: str | None = N
         inputs["interceptors"] = [upstream, 0]
     prompt[node_id] = {"class_type": class_type, "inputs": inputs}
     return node_id
+
+
+def core_node(class_type: str, **inputs) -> dict:
+    """A node of ComfyUI itself, with every required widget not given set to its default in the running
+    ComfyUI's own definition: core nodes gain required inputs between versions (ContextWindowsManual gained
+    four in 2026), and a prompt written for one version must validate on every supported one."""
+    import nodes
+    required = nodes.NODE_CLASS_MAPPINGS[class_type].INPUT_TYPES()["required"]
+    for name, spec in required.items():
+        if name in inputs:
+            continue
+        kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
+        if "default" in options:
+            inputs[name] = options["default"]
+        elif isinstance(kind, list) and kind:  # a combo lists its options first
+            inputs[name] = kind[0]
+        elif kind == "COMBO" and options.get("options"):
+            inputs[name] = options["options"][0]
+        else:
+            raise ValueError(f"{class_type}: the required input {name!r} has no default to fill in")
+    return {"class_type": class_type, "inputs": inputs}
+
+
+def context_windows(model: str = "model", **inputs) -> dict:
+    """ComfyUI's ContextWindowsManual over ``model``, as the tests configure it unless told otherwise."""
+    settings = {"context_length": 2, "context_overlap": 1, "context_schedule": "standard_static",
+                "context_stride": 1, "closed_loop": False, "fuse_method": "pyramid", "dim": 0, "freenoise": False}
+    settings.update(inputs)
+    return core_node("ContextWindowsManual", model=[model, 0], **settings)

@@ -121,9 +121,7 @@ def test_chained_with_a_step_schedule_skips_both(comfy):
 def test_context_windows(comfy):
     prompt = graphs.base("wan21", latent_seed=5)
     prompt["latent"]["inputs"]["batch"] = 4
-    prompt["windows"] = {"class_type": "ContextWindowsManual", "inputs": {
-        "model": ["model", 0], "context_length": 2, "context_overlap": 1, "context_schedule": "standard_static",
-        "context_stride": 1, "closed_loop": False, "fuse_method": "pyramid", "dim": 0, "freenoise": False}}
+    prompt["windows"] = graphs.context_windows(context_schedule="standard_static")
     prompt["count"] = {"class_type": "TestCountModelWork",
                        "inputs": {"model": ["windows", 0], "family": "wan21", "key": "work"}}
     chain = graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", **MODERATE)

@@ -151,9 +151,7 @@ def test_context_windows_run_and_skip(comfy):
     assert schedule in options["context_schedule"][1]["options"]
     prompt = graphs.base("wan21", latent_seed=5)
     prompt["latent"]["inputs"]["batch"] = 4
-    prompt["windows"] = {"class_type": "ContextWindowsManual", "inputs": {
-        "model": ["model", 0], "context_length": 2, "context_overlap": 1, "context_schedule": schedule,
-        "context_stride": 1, "closed_loop": False, "fuse_method": "pyramid", "dim": 0, "freenoise": False}}
+    prompt["windows"] = graphs.context_windows(context_schedule=schedule)
     uncached = _work(comfy, prompt, {}, "windows", family="wan21", steps=6)
     chain = _chain(prompt, "adaptive", METHODS["adaptive"][2])
     cached = _work(comfy, prompt, {}, "windows", chain=chain, family="wan21", steps=6)
