@@ -6,9 +6,10 @@ app/frontend_management.py), so a list kept by hand drifts; importing it is the 
     python3 tools/check_comfy_imports.py COMFYUI_PATH
 
 Prints ``missing: MODULE`` and exits 1 when ComfyUI's server, executor or nodes cannot be imported for want
-of a module (one at a time: install it and run again); exits 0 when they import. Built-in node files that
-fail for want of a module (e.g. the audio nodes without torchaudio) are only reported (``optional: ...``):
-ComfyUI runs without them, and so does the pack.
+of a module (one at a time: install it and run again); exits 0 when they import. ComfyUI's own server is
+built before the nodes load, as its main.py does (some built-in nodes register with it). Built-in node files
+that still fail to load are reported one per line (``optional: FILE: REASON``, the reason as ComfyUI logged
+it): ComfyUI runs without them, and so does the pack.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import logging
 import re
 import sys
 
-MISSING = re.compile(r"No module named '([^'.]+)")
+FAILURE = re.compile(r"(?:Cannot import|Error while calling comfy_entrypoint in) (\S+?)(?: module for custom nodes)?: (.*)")
 
 
 class Recorder(logging.Handler):
@@ -49,17 +50,25 @@ def main(argv=None) -> int:
             import utils.extra_config  # noqa: F401  (before `nodes`, or `utils` resolves to comfy/utils.py)
             import execution  # noqa: F401
             import nodes
-            import server  # noqa: F401
-            failed = asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
+            import server
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            server.PromptServer(loop)  # before the nodes, as main.py builds it
+            failed = loop.run_until_complete(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
     except ModuleNotFoundError as e:
         print(f"missing: {e.name.split('.')[0]}")
         return 1
     except Exception:
         print(noise.getvalue(), file=sys.stderr)
         raise
-    optional = sorted({m for text in recorder.messages for m in MISSING.findall(text)})
-    if failed:
-        print(f"optional: {', '.join(optional) or 'unknown'} (ComfyUI's {', '.join(failed)} did not load)")
+    reasons = {}
+    for text in recorder.messages:
+        match = FAILURE.search(text)
+        if match:
+            reasons[match.group(1).replace("\\", "/").rsplit("/", 1)[-1]] = match.group(2).strip()
+    for name in failed:
+        print(f"optional: ComfyUI's built-in {name} did not load ({reasons.get(name, 'no reason logged')}); "
+              "its nodes are missing, ComfyUI and the pack run without them")
     return 0
 
 

@@ -40,11 +40,19 @@ if [ -f "$COMFY/requirements.txt" ]; then
   for _ in 1 2 3 4 5; do
     if report=$("$PY" "$HERE/check_comfy_imports.py" "$COMFY"); then ok=1; break; fi
     case $report in missing:*) ;; *) break ;; esac
-    echo "setup: ComfyUI imports '${report#missing: }' without listing it; installing it." >&2
-    quiet "${report#missing: }" "$PIN"
+    module=${report#missing: }
+    if [ "$module" = torchaudio ]; then  # listed by ComfyUI, but no release was made for this torch
+      echo "setup: ComfyUI at $COMFY imports torchaudio at start-up, and no torchaudio release is made for" \
+           "torch $TORCH_NOW (torchaudio shares torch's release number; its last release is 2.11). Install a" \
+           "matching set into this Python, e.g. pip install torch==$TORCH torchvision==$TORCHVISION" \
+           "torchaudio==$TORCHAUDIO (add --index-url for a CUDA build), then run this set-up again." >&2
+      exit 1
+    fi
+    echo "setup: ComfyUI imports '$module' without listing it; installing it." >&2
+    quiet "$module" "$PIN"
   done
   [ -n "$ok" ] || { echo "setup: ComfyUI does not import (${report:-see above})." >&2; exit 1; }
-  [ -z "$report" ] || echo "setup: $report" >&2
+  [ -z "$report" ] || printf '%s\n' "$report" | sed 's/^/setup: /' >&2
 else
   echo "setup: no ComfyUI at $COMFY (set COMFYUI_PATH); integration tests will be skipped." >&2
 fi
