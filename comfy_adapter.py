@@ -29,7 +29,6 @@ and again when each run starts, since either patch can be applied after Apply In
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Callable
 
@@ -160,19 +159,17 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         if problems:
             raise ChainError("\n".join(problems))
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
+        sampler = args[2] if len(args) > 2 else kwargs.get("sampler")
         sampling = guider.model_patcher.get_model_object("model_sampling")
         first_step, schedule_steps = schedule or (0, None)
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
                         cache_device="cpu" if cache_on_cpu else None, observers=observers,
                         first_step=first_step, schedule_steps=schedule_steps,
-                        group=rank_group() if rank_group is not None else None)
+                        group=rank_group() if rank_group is not None else None,
+                        sampler=sampler_identity(sampler), cfg=guider_cfg(guider))
         run.card = card
-        if schedule is None and len(sigmas) and float(sigmas[0]) < float(sampling.sigma_max) * 0.999:
-            counting = [d.label for d in chain.deciders if d.counts_steps]
-            if counting:
-                run.note(f"this run starts part way into the model's schedule (denoise below 1, or a later stage), "
-                         f"which this sampler does not tell Apply Interceptors: {', '.join(counting)} count steps "
-                         f"from the run's own first step. A Cached Sampler node places them exactly.")
+        if schedule is None:
+            _note_partial_run(run, chain, run.sample_sigmas, float(sampling.sigma_max))
         if guidance is not None:
             _check_guider(run, guidance, guider)
         options = guider.model_options.setdefault("transformer_options", {})
@@ -244,17 +241,48 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     return patched
 
 
+def sampler_identity(sampler) -> str:
+    """What integrates a run: the sampler function's name and its options (a KSAMPLER's ``extra_options``:
+    eta, s_noise, ...), e.g. ``euler_ancestral(eta=1.0, s_noise=1.0)``. Plans are keyed on it."""
+    function = getattr(sampler, "sampler_function", None)
+    name = getattr(function, "__name__", type(sampler).__name__ if sampler is not None else "")
+    name = name[len("sample_"):] if name.startswith("sample_") else name
+    options = getattr(sampler, "extra_options", None) or {}
+    simple = sorted((k, v) for k, v in options.items() if isinstance(v, (bool, int, float, str)))
+    return f"{name}({', '.join(f'{k}={v}' for k, v in simple)})" if simple else name
+
+
+def guider_cfg(guider) -> float | None:
+    cfg = getattr(guider, "cfg", None)
+    return float(cfg) if isinstance(cfg, (int, float)) else None
+
+
+def _note_partial_run(run: LoopState, chain: InterceptorChain, sigmas: list[float], sigma_max: float) -> None:
+    """Apply Interceptors is not told where a run sits in the model's schedule: a run that starts late
+    (denoise below 1, a later stage) or ends early (a first stage with leftover noise, the first half of
+    SplitSigmas) has its step-counted settings stretched over its own steps. Say so."""
+    counting = [d.label for d in chain.deciders if d.counts_steps]
+    if not counting or not sigmas:
+        return
+    starts_late = sigmas[0] < sigma_max * 0.999
+    ends_early = sigmas[-1] > 0
+    if starts_late or ends_early:
+        where = " and ".join(w for w, yes in (("starts part way into", starts_late),
+                                                ("ends before the end of", ends_early)) if yes)
+        run.note(f"this run {where} the model's schedule (denoise below 1, a stage of a two-stage graph or "
+                 f"split sigmas), which this sampler does not tell Apply Interceptors: {', '.join(counting)} "
+                 f"count steps over the run's own steps. A Cached Sampler node places them exactly.")
+
+
 def _check_guider(run: LoopState, guidance, guider) -> None:
     """Guidance Cache knows the standard guider's conds layout (0 positive, 1 negative) only; with any other
-    (DualCFG, PerpNeg) or at cfg 1 (no negative branch at all) it does nothing, and says so."""
+    (DualCFG, PerpNeg) it does nothing, and says so. At cfg 1 ComfyUI usually computes no negative branch (the
+    calls then carry none, and the Guidance Cache says so when it sees them); a CFG++ sampler computes it even
+    there, and the Guidance Cache works as at any cfg."""
     if type(guider).predict_noise is not comfy.samplers.CFGGuider.predict_noise:
         run.state_of(guidance).active = False
         run.note(f"{guidance.label} did nothing: {type(guider).__name__} arranges its conditionings its own way, "
                  f"so the negative branch cannot be told apart; every branch was computed.")
-    elif math.isclose(float(getattr(guider, "cfg", 1.0)), 1.0) and not guider.model_options.get(
-            "disable_cfg1_optimization", False):
-        run.state_of(guidance).active = False
-        run.note(f"{guidance.label} did nothing: at cfg 1 ComfyUI computes no negative branch to skip.")
 
 
 def adds_between_blocks(card: ModelCard, control, transformer_options: dict, inputs: dict) -> bool:

@@ -20,6 +20,7 @@ Estimates live in epsilon space, ``(x - denoised) / sigma``, like the whole-mode
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 import torch
@@ -65,6 +66,12 @@ class GuidanceCache(Decider):
         last_sigma: float | None = None
         difference: torch.Tensor | None = None  # adaptive mode: the last computed eps(negative) - eps(positive)
         rate: float | None = None       # relative change of that difference per unit sigma (adaptive mode)
+        conditioning: tuple = ()        # the conditioning entries active when this history was learned
+
+        def start_over(self, conditioning: tuple) -> None:
+            """A new history: the conditioning changed (a timestep-ranged prompt switched)."""
+            self.slot, self.since, self.last_sigma = TaylorSeer.Slot(), 0, None
+            self.difference, self.rate, self.conditioning = None, None, conditioning
 
     def validate(self) -> None:
         super().validate()
@@ -139,6 +146,21 @@ class GuidanceCache(Decider):
         return x - eps_neg * s
 
 
+def _active_entries(entries: list, sigma: float, dtype: torch.dtype) -> list:
+    """The conditioning entries ComfyUI's batching uses at ``sigma``: those whose timestep range holds it
+    (``timestep_start`` >= sigma >= ``timestep_end``, set by ConditioningSetTimestepRange). ComfyUI compares
+    the sampler's sigma tensor with the bounds, so the bounds are rounded to its dtype first (a range that
+    ends on a step's sigma holds it)."""
+    def bound(entry, name, default):
+        value = entry.get(name)
+        return default if value is None else float(torch.tensor(value, dtype=dtype))
+    return [e for e in entries if bound(e, "timestep_end", -math.inf) <= sigma <= bound(e, "timestep_start", math.inf)]
+
+
+def _identities(active: tuple[list, list]) -> tuple:
+    return tuple(tuple(e.get("uuid", id(e)) for e in entries) for entries in active)
+
+
 def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tensor, sigma: torch.Tensor,
                  compute: Callable[[list], list], window=None) -> list:
     """One ``calc_cond_batch`` call: ``compute(conds)`` runs ComfyUI's batching over the given conds list and
@@ -146,7 +168,9 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
     guidance pass, cfg 1, a guider with another layout) is passed through untouched."""
     if gc.never_skips or not run.state_of(gc).active:
         return compute(conds)
-    if len(conds) == 2 and (conds[POSITIVE] is None) != (conds[NEGATIVE] is None):
+    if len(conds) == 2 and conds[POSITIVE] is not None and conds[NEGATIVE] is None and run.cfg == 1:
+        run.note(f"{gc.label} did nothing: at cfg 1 ComfyUI computes no negative branch to skip.")
+    elif len(conds) == 2 and (conds[POSITIVE] is None) != (conds[NEGATIVE] is None):
         run.note(f"{gc.label} computed every step in full where the positive and the negative branch came in "
                  f"separate calls (a guidance add-on such as Skip Layer Guidance (Simple) does that).")
     if len(conds) != 2 or conds[POSITIVE] is None or conds[NEGATIVE] is None or sigma.numel() != x.shape[0]:
@@ -159,8 +183,17 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
     state = run.branch_of(gc, key)
     step = run.model_decider
     # A step cache that decides from the schedule alone says now whether the model runs at all; on its skipped
-    # steps the negative branch is estimated here too, from its own (not the step cache's) history.
+    # steps the negative branch is estimated here too, from its own (not the step cache's) history, but only
+    # where the Guidance Cache may act: outside its own window (and on its first and last steps) the step
+    # cache stays in charge of both branches, exactly as in the chain without it.
     model_runs = run.decide(step, None) if step is not None and step.signal == "none" else True
+    if not model_runs and run.forced(gc, ev):
+        return compute(conds)
+    # The entries of each branch active at this sigma (timestep ranges switch prompts part way): a forecast
+    # through two prompts is meaningless, so a change starts a new history.
+    active = tuple(_active_entries(conds[b], ev.sigma, sigma.dtype) for b in (POSITIVE, NEGATIVE))
+    if state.conditioning != _identities(active):
+        state.start_over(_identities(active))
     # sigma 0 (read here after the decisions, which read it with their transfer): no epsilon to learn or estimate
     if not state.slot.points or (model_runs and run.decide(gc, {key: state})) or ev.sigma == 0:
         out = compute(conds)
@@ -173,5 +206,5 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
     if record.branches.get("cond"):
         state.since += 1
     record.branches.setdefault("uncond", False)
-    record.chunks_total += len(conds[NEGATIVE])  # the rows left out count as work saved
+    record.chunks_total += len(active[NEGATIVE])  # the rows left out (only entries active now) count as saved
     return [out[POSITIVE], gc.estimated(state, out[POSITIVE], x, sigma, ev.sigma)]

@@ -22,9 +22,12 @@ from .taylorseer import lagrange_weights, same_sigma
 
 @dataclasses.dataclass(frozen=True)
 class PlannedSchedule(Decider):
-    """Computes the evaluations ``compute`` names. The plan is keyed on the schedule it was made for:
-    ``schedule`` (the run's sigmas: steps, scheduler and denoise) and ``sigmas`` (the sigma of every evaluation:
-    the sampler). On any other schedule it computes every step and says so once (log and node)."""
+    """Computes the evaluations ``compute`` names. The plan is keyed on the run it was made for:
+    ``schedule`` (the run's sigmas: steps, scheduler and denoise), ``sigmas`` (the sigma of every evaluation)
+    and ``sampler`` (every one-evaluation-per-step sampler evaluates at the same sigmas, but their trajectories
+    differ). On any other run it computes every step and says so once (log and node). ``cfg`` is the guidance
+    scale its quality was measured at: at another cfg the plan is followed and the node says that its quality
+    was measured at another one."""
 
     kind = "planned"
     display_name = "Calibrated Schedule"
@@ -34,6 +37,8 @@ class PlannedSchedule(Decider):
     sigmas: tuple[float, ...] = ()
     schedule: tuple[float, ...] = ()
     quality: Quality | None = None  # what the calibration measured for this plan on the prompt it was calibrated on
+    sampler: str = ""               # the run's sampler identity (LoopState.sampler); "" matches any
+    cfg: float | None = None
 
     @dataclasses.dataclass
     class RunState:
@@ -52,6 +57,7 @@ class PlannedSchedule(Decider):
 
     def fits(self, run, ev) -> bool:
         return (ev.index < self.evaluations and same_sigma(self.sigmas[ev.index], ev.sigma)
+                and (not self.sampler or run.sampler == self.sampler)
                 and len(run.sample_sigmas) == len(self.schedule)
                 and all(same_sigma(a, b) for a, b in zip(run.sample_sigmas, self.schedule)))
 
@@ -59,8 +65,13 @@ class PlannedSchedule(Decider):
         state = run.state_of(self)
         if not state.mismatch and not self.fits(run, ev):
             state.mismatch = True
-            run.note(f"{self.label}: the plan was calibrated for another schedule (steps, sampler, scheduler or "
+            run.note(f"{self.label}: the plan was calibrated for another run (steps, sampler, scheduler or "
                      f"denoise), so every step is computed. Calibrate again with this sampler's settings.")
+        if (not state.mismatch and self.quality is not None and self.cfg is not None and run.cfg is not None
+                and abs(run.cfg - self.cfg) > 1e-6):
+            run.note(f"{self.label}: the plan's quality ({self.quality.space} PSNR {self.quality.psnr:.1f} dB) was measured at cfg "
+                     f"{self.cfg:g}; this run uses cfg {run.cfg:g}, where it can be lower. Calibrate again at "
+                     f"this cfg to know.")
         return state.mismatch or ev.index in self.compute
 
 

@@ -196,8 +196,11 @@ class LoopState:
     def __init__(self, chain: InterceptorChain, sample_sigmas: Sequence[float],
                  percent_to_sigma: Callable[[float], float] | None = None,
                  cache_device: torch.device | str | None = None, observers: Sequence[Any] = (),
-                 first_step: int = 0, schedule_steps: int | None = None, group=None):
+                 first_step: int = 0, schedule_steps: int | None = None, group=None, sampler: str = "",
+                 cfg: float | None = None):
         self.chain = chain
+        self.sampler = sampler  # what integrates the run (sampler function and its options), for plans made on it
+        self.cfg = cfg          # the guider's cfg, when it has one
         self.estimator = chain.estimator
         # looked up once: the engine asks for them on every forward and every block
         self.model_decider = chain.decider(Granularity.MODEL)
@@ -366,12 +369,16 @@ class LoopState:
             return ev.decisions[decider.id]
         measured = decider.measure(self, ev, signals)
         self.transfer(measured)
-        forced = ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
-        compute = True if forced else bool(decider.decide(self, ev, signals, measured))
+        compute = True if self.forced(decider, ev) else bool(decider.decide(self, ev, signals, measured))
         if self.group is not None:  # on every evaluation, forced or not: the ranks stay in step
             compute = self.group.any(compute)
         ev.decisions[decider.id] = compute
         return compute
+
+    def forced(self, decider: Decider, ev: Evaluation) -> bool:
+        """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step,
+        sigma 0 and every evaluation outside its start/end percent window."""
+        return ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
 
     def skipped(self, decider: Decider) -> None:
         """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""

@@ -120,7 +120,8 @@ class AutoCalibrate(CalibrationNode):
     def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=1, **prompt) -> io.NodeOutput:
         node, sample, reference = cls.uncached_pass(model, prompt, Recorder)
         sigmas, outputs = recorded_trajectory(sample.runs[-1])
-        schedule = sample.runs[-1].sample_sigmas
+        recorded = sample.runs[-1]
+        schedule = recorded.sample_sigmas
         seed_list = [(sample.seed + k) % 2 ** 64 for k in range(seeds)]
         references = [reference] + [sample(InterceptorChain(), seed) for seed in seed_list[1:]]
         final = (lambda latent: latent["samples"]) if vae is None else (lambda latent: decoded(vae, latent))
@@ -130,7 +131,7 @@ class AutoCalibrate(CalibrationNode):
         def plan_chain(compute, measured=None):
             return InterceptorChain.of([
                 PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=tuple(schedule),
-                                quality=measured, node=node),
+                                sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node),
                 TaylorSeer(order=order, node=node)])
 
         def measure(compute) -> Quality:

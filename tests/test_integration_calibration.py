@@ -87,6 +87,36 @@ def test_plan_for_another_step_count_computes_everything(comfy):
     assert CAPTURED["work"]["forwards"] == 9, "a plan for 12 steps is never applied to 9"
 
 
+def _plan_used_elsewhere(comfy, **elsewhere):
+    """A budget-4 plan calibrated with euler at cfg 3, used by a Cached Sampler with ``elsewhere`` changed."""
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 4,
+        "order": 1}}
+    prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
+        "model": ["count", 0], **dict(sampling, **elsewhere), "denoise": 1.0, "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
+    _, ui = comfy.run(prompt)
+    return CAPTURED["work"]["forwards"], ui["sampler"]["cached_sampler"][0]["runs"][0]["notes"]
+
+
+def test_plan_for_another_sampler_computes_everything_and_says_so(comfy):
+    """Every one-evaluation-per-step sampler evaluates at the same sigmas: the plan must be keyed on the
+    sampler too, or a plan measured with euler runs unmeasured with another one."""
+    assert _plan_used_elsewhere(comfy)[0] == 4, "with the sampler it was made for, the plan is followed"
+    for sampler in ("euler_ancestral", "dpmpp_2m"):
+        forwards, notes = _plan_used_elsewhere(comfy, sampler_name=sampler)
+        assert forwards == 12, (sampler, forwards)
+        assert any("calibrated for another run" in n for n in notes), notes
+
+
+def test_plan_at_another_cfg_says_its_quality_was_measured_elsewhere(comfy):
+    forwards, notes = _plan_used_elsewhere(comfy, cfg=7.0)
+    assert forwards == 4
+    assert any("measured at cfg 3" in n and "cfg 7" in n for n in notes), notes
+    assert not any("measured at cfg" in n for n in _plan_used_elsewhere(comfy)[1])
+
+
 def test_magcache_calibrate_makes_magcache_work_on_a_model_without_published_ratios(comfy):
     prompt = graphs.base("qwen_image", latent_seed=5)
     inputs = graphs.ksampler_inputs(steps=8)

@@ -162,3 +162,25 @@ def test_a_partial_run_is_placed_in_its_schedule_or_says_it_cannot_be(comfy):
         assert positions == [first + i for i in range(4)]
         notes = runs[0].notes
         assert (len(notes), "MagCache" in "".join(notes)) == ((0, False) if schedule else (1, True)), notes
+
+
+def test_a_run_that_ends_early_under_apply_interceptors_says_so(comfy):
+    """KSamplerAdvanced steps 0-4 of 8 with leftover noise (a Wan 2.2 high-noise stage) ends before the end of
+    the schedule: not told (Apply Interceptors), its step-counted settings stretch over its own steps, and it
+    must say so; told (a Cached Sampler node's schedule), it says nothing."""
+    import nodes
+    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    chain = ic.InterceptorChain.of([ic.MagCache(threshold=100.0, retention=0.0, **WINDOW)])
+    positive, negative = tiny_models.conditioning("flux", seed=1)
+    for schedule in (ic.schedule_of(8, denoise=1.0), None):
+        runs = []
+        patched = adapter.install(tiny_models.build("flux"), chain, schedule=schedule,
+                                  on_run_end=lambda run, summary: runs.append(run))
+        nodes.common_ksampler(patched, 1, 8, 3.0, "euler", "simple", positive, negative,
+                              tiny_models.latent("flux", seed=5), start_step=0, last_step=4, force_full_denoise=False)
+        assert runs[0].sample_sigmas[-1] > 0, "the stage really ends with noise left"
+        notes = runs[0].notes
+        if schedule is None:
+            assert len(notes) == 1 and "ends before the end of" in notes[0] and "MagCache" in notes[0], notes
+        else:
+            assert notes == [], notes

@@ -214,3 +214,61 @@ def test_poisoned_estimate_never_reaches_a_step_that_computed_its_own(comfy, cad
     if cadence is None:
         assert all(own or has_poison for has_poison, own in zip(poisoned, computed)), \
             "an evaluation without its own negative branch must use the estimate"
+
+
+def test_cfg_pp_sampler_at_cfg_one_leaves_negative_rows_out(comfy):
+    """CFG++ samplers compute the negative branch even at cfg 1 (disable_cfg1_optimization), so the Guidance
+    Cache works there and says nothing about cfg 1."""
+    ref, ref_work, _ = _run(comfy, cfg=1.0, sampler="euler_cfg_pp")
+    assert all(ref_work["negative_rows"]), "CFG++ at cfg 1 runs the negative branch on every evaluation"
+    cached, work, text = _run(comfy, MODERATE, cfg=1.0, sampler="euler_cfg_pp")
+    assert torch.isfinite(cached).all()
+    assert sum(work["negative_rows"]) < sum(ref_work["negative_rows"]), work["negative_rows"]
+    assert "no negative branch to skip" not in text, text
+
+
+def test_a_window_that_never_opens_leaves_the_step_cache_alone(comfy):
+    """On the steps a schedule-only step cache skips, a Guidance Cache whose own window is closed must not
+    stand in for the negative branch: the chain equals the same chain without it."""
+    closed = dict(MODERATE, start_percent=0.99, end_percent=1.0)
+    without, work_without, _ = _run(comfy, cadence=2)
+    for estimate in ("difference forecast", "negative reuse"):
+        with_gc, work, _ = _run(comfy, dict(closed, estimate=estimate), cadence=2)
+        assert torch.equal(with_gc, without), estimate
+        assert work["negative_rows"] == work_without["negative_rows"], estimate
+
+
+def _ranged_prompt(comfy, guidance, switch=0.5):
+    """Two negatives, each for one part of the schedule (ConditioningSetTimestepRange), and a model whose
+    prediction is the conditioning's mean broadcast: exactly linear in the conditioning, constant in time."""
+    prompt, positive = _prompt("flux")
+    prompt["neg2"] = {"class_type": "TestTinyConditioning", "inputs": {"family": "flux", "seed": 77, "length": 4}}
+    prompt["early"] = {"class_type": "ConditioningSetTimestepRange",
+                       "inputs": {"conditioning": ["cond", 1], "start": 0.0, "end": switch}}
+    prompt["late"] = {"class_type": "ConditioningSetTimestepRange",
+                      "inputs": {"conditioning": ["neg2", 0], "start": switch, "end": 1.0}}
+    prompt["negative"] = {"class_type": "ConditioningCombine",
+                          "inputs": {"conditioning_1": ["early", 0], "conditioning_2": ["late", 0]}}
+    chain = graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", **guidance) if guidance else None
+    graphs.sampler(prompt, "CachedSampler" if chain else "KSampler", chain=chain, model="count", steps=8)
+    prompt["sampler"]["inputs"]["negative"] = ["negative", 0]
+    _, ui = comfy.run(prompt)
+    return CAPTURED["out"].clone(), dict(CAPTURED["work"]), ui
+
+
+def test_a_prompt_switch_starts_a_new_history_and_counts_only_active_entries(comfy):
+    """With two timestep-ranged negatives, (a) the first evaluation after the switch computes the negative
+    (a forecast through two prompts is meaningless), and (b) the work saved the node reports is the work the
+    model really left out: only the entry active at a skipped step counts, not both."""
+    ref, ref_work, _ = _ranged_prompt(comfy, None)
+    entries = ref_work["negative_entries"]  # both are active at the one evaluation on the boundary
+    switches = [i for i in range(1, len(entries)) if entries[i] != entries[i - 1]]
+    assert switches and len(set(entries)) >= 2, entries
+    cached, work, ui = _ranged_prompt(comfy, dict(MODERATE, interval=3))
+    rows = work["negative_rows"]
+    assert torch.isfinite(cached).all()
+    assert 0 in rows, rows
+    assert all(rows[i] > 0 for i in switches), f"a change of negative (at {switches}) must compute it: {rows}"
+    reported = ui["sampler"]["cached_sampler"][0]["runs"][0]["work_saved"]
+    really = 1 - work["rows"] / ref_work["rows"]
+    assert reported == pytest.approx(really, abs=1e-3), (reported, really)

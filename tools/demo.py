@@ -79,7 +79,9 @@ def main(argv=None) -> int:
 
     print("Starting a headless ComfyUI with the pack ...", flush=True)
     app = start_comfy()
-    print(f"ComfyUI {app.version} at {app.path}")
+    home = Path.home()
+    shown = f"~/{app.path.relative_to(home)}" if app.path.is_relative_to(home) else str(app.path)
+    print(f"ComfyUI {app.version} at {shown}")
     workflow = json.loads(WORKFLOW.read_text(encoding="utf-8"))
     prompt = workflow_api.workflow_to_api(workflow, workflow_api.object_info())
     sampler = next(k for k, v in prompt.items() if v["class_type"] == "CachedSampler")
