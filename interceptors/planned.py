@@ -65,7 +65,7 @@ class PlannedSchedule(Decider):
         state = run.state_of(self)
         if not state.mismatch and not self.fits(run, ev):
             state.mismatch = True
-            run.note(f"{self.label}: the plan was calibrated for another run (steps, sampler, scheduler or "
+            run.note(f"{self.label}: the plan was calibrated for another schedule or sampler (steps, sampler, scheduler or "
                      f"denoise), so every step is computed. Calibrate again with this sampler's settings.")
         if (not state.mismatch and self.quality is not None and self.cfg is not None and run.cfg is not None
                 and abs(run.cfg - self.cfg) > 1e-6):

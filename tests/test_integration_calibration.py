@@ -107,7 +107,7 @@ def test_plan_for_another_sampler_computes_everything_and_says_so(comfy):
     for sampler in ("euler_ancestral", "dpmpp_2m"):
         forwards, notes = _plan_used_elsewhere(comfy, sampler_name=sampler)
         assert forwards == 12, (sampler, forwards)
-        assert any("calibrated for another run" in n for n in notes), notes
+        assert any("calibrated for another schedule or sampler" in n for n in notes), notes
 
 
 def test_plan_at_another_cfg_says_its_quality_was_measured_elsewhere(comfy):
