@@ -206,8 +206,10 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         # a sampler's evaluation knows its sigma (None): reading ``t`` on every forward would stall the device
         ev = run.evaluation
         sigma = None if ev is not None and ev.from_sampler else float(t.flatten()[0])
+        window = transformer_options.get("context_window")
         forward = run.begin_forward(sigma, x.shape[0], tuple(x.shape[1:]), x.dtype,
-                                    transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"))
+                                    transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"),
+                                    frames=_window_frames(window))
         forward.track_external = adds_between_blocks(card, control, transformer_options, kw)
         if block_slots and _slots_taken(transformer_options, block_slots):
             forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
@@ -239,6 +241,12 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
                         modulated)
         block_slots.update({(group, index): position for group, index, position in card.block_positions()})
     return patched
+
+
+def _window_frames(window) -> tuple[int, ...] | None:
+    """The frames a ComfyUI context window covers (``transformer_options["context_window"]``), if any."""
+    frames = getattr(window, "index_list", None)
+    return tuple(int(i) for i in frames) if frames is not None else None
 
 
 def sampler_identity(sampler) -> str:

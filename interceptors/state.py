@@ -30,7 +30,9 @@ class BranchKey:
     ``branch`` is the guider's cond index (0 positive, 1 negative for CFG), ``uuid`` the conditioning
     entry, ``occurrence`` counts repeats of the same entry within one evaluation (context windows,
     Skip Layer Guidance's extra pass), and ``shape``/``dtype`` keep area conds and resized latents
-    apart.
+    apart. ``frames`` is the context window's frame indices when ComfyUI's context windows split the latent:
+    the uniform schedules move their windows every step and change their number, so what is cached for a
+    window belongs to its frames, never to its place in the step.
     """
 
     branch: int | None
@@ -38,6 +40,7 @@ class BranchKey:
     occurrence: int
     shape: tuple[int, ...]
     dtype: str
+    frames: tuple[int, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -301,7 +304,10 @@ class LoopState:
         return ev
 
     def begin_forward(self, sigma: float | None, batch: int, row_shape: tuple[int, ...], dtype: torch.dtype,
-                      cond_or_uncond: Sequence[int] | None, uuids: Sequence[Hashable] | None) -> Forward:
+                      cond_or_uncond: Sequence[int] | None, uuids: Sequence[Hashable] | None,
+                      frames: tuple[int, ...] | None = None) -> Forward:
+        """A forward of ``batch`` rows, one group per conditioning branch; ``frames``: the context window's
+        frame indices, when the forward covers one."""
         ev = self.ensure_evaluation(sigma)
         branches = list(cond_or_uncond) if cond_or_uncond else [None]
         ids = list(uuids) if uuids and len(uuids) == len(branches) else [None] * len(branches)
@@ -311,10 +317,10 @@ class LoopState:
                       f"so such forwards were computed in full, never cached")
         keys = []
         for branch, uuid in zip(branches, ids):
-            ident = (branch, uuid, tuple(row_shape), str(dtype))
+            ident = (branch, uuid, tuple(row_shape), str(dtype), frames)
             occurrence = ev.occurrences[ident]
             ev.occurrences[ident] += 1
-            keys.append(BranchKey(branch, uuid, occurrence, tuple(row_shape), str(dtype)))
+            keys.append(BranchKey(branch, uuid, occurrence, tuple(row_shape), str(dtype), frames))
         self.current_forward = Forward(ev, keys, batch // len(branches) if cacheable else batch, cacheable)
         return self.current_forward
 

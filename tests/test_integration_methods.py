@@ -158,6 +158,53 @@ def test_context_windows_run_and_skip(comfy):
     assert cached["forwards"] < uncached["forwards"], (cached, uncached)
 
 
+def _context_schedules():
+    import nodes
+    options = nodes.NODE_CLASS_MAPPINGS["ContextWindowsManual"].INPUT_TYPES()["required"]["context_schedule"]
+    return list(options[0]) if isinstance(options[0], list) else list(options[1]["options"])
+
+
+MOVING_WINDOW_CHAINS = {
+    "whole model": ("CachedSamplerFixedCadence", dict(interval=2, **WINDOW)),
+    "blocks": ("CachedSamplerFirstBlockCache", METHODS["fbcache"][2]),
+}
+
+
+@pytest.mark.parametrize("level", list(MOVING_WINDOW_CHAINS))
+def test_context_windows_reuse_only_what_was_computed_for_the_same_frames(comfy, level):
+    """Every context schedule ComfyUI offers, 9 frames in windows of 3: the uniform schedules move their windows
+    every step and change their number. A forward whose frames were never computed before must run in full (all
+    its blocks); reuse is for the same frames only. Static windows still skip."""
+    node_type, inputs = MOVING_WINDOW_CHAINS[level]
+    blocks = sum(tiny_models.block_groups("wan21").values())
+    schedules = _context_schedules()
+    assert {"standard_static", "standard_uniform", "looped_uniform"} <= set(schedules), schedules
+    skipped_somewhere = {}
+    for schedule in schedules:
+        prompt = graphs.base("wan21", latent_seed=5)
+        prompt["latent"]["inputs"]["batch"] = 9
+        prompt["windows"] = graphs.context_windows(context_schedule=schedule, context_length=3, context_overlap=1)
+        prompt[node_type] = {"class_type": node_type, "inputs": dict(inputs)}
+        work = _work(comfy, prompt, {}, "windows", chain=node_type, family="wan21", steps=6)
+        computed_before: set = set()
+        skipped = 0
+        for evaluation in sorted({e for e, _, _ in work["forward_log"]}):
+            now = [(frames, ran) for e, frames, ran in work["forward_log"] if e == evaluation]
+            for frames, ran in now:
+                assert frames is not None, "every forward covers a window"
+                if frames not in computed_before:
+                    assert ran == blocks, (schedule, evaluation, frames, ran, "never computed before, yet skipped")
+                skipped += ran < blocks
+            computed_before |= {frames for frames, ran in now if ran == blocks}
+        if level == "whole model":  # a whole-model skip reaches no block: count the forwards that ran instead
+            reached = len(work["forward_log"])
+            uncached = _work(comfy, {k: v for k, v in prompt.items() if k != node_type}, {}, "windows",
+                             family="wan21", steps=6)
+            skipped = len(uncached["forward_log"]) - reached
+        skipped_somewhere[schedule] = skipped
+    assert skipped_somewhere["standard_static"] > 0, skipped_somewhere
+
+
 @pytest.mark.parametrize("decider", ["cadence", "dbcache"])
 @pytest.mark.parametrize("split", [False, True])
 def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, split):

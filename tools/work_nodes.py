@@ -21,7 +21,9 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
     """A clone of ``model`` that counts into ``record`` (reset here): ``blocks`` executed and ``block_rows``
     (block executions times the batch rows they ran on: the work metric), ``forwards`` (diffusion-model calls
     that reached the model), their batch ``rows`` and, per forward, its ``negative_rows`` (rows of the negative
-    CFG branch) and ``negative_entries`` (the conditioning entries, by uuid, those rows ran), ``block_forwards`` (forwards whose first block ran),
+    CFG branch) and ``negative_entries`` (the conditioning entries, by uuid, those rows ran), ``forward_log``
+    (per forward: the sampler evaluation it belongs to, counted from 1, the context window's frames or None,
+    and the blocks it ran), ``block_forwards`` (forwards whose first block ran),
     sampler ``evaluations``, sampling ``runs`` and their wall/CPU ``seconds``, and the time spent inside
     blocks. ``groups`` is ``{patches_replace["dit"] name: block count}``. With ``copy_input`` the diffusion
     model gets a copy of its input, as a cast to a reduced-precision model dtype makes anyway (for methods
@@ -31,7 +33,7 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
     from comfy.patcher_extension import WrappersMP
 
     record.clear()
-    record.update(blocks=0, block_rows=0, forwards=0, rows=0, negative_rows=[], negative_entries=[], block_forwards=0, evaluations=0, runs=0, seconds=0.0, cpu_seconds=0.0,
+    record.update(blocks=0, block_rows=0, forwards=0, rows=0, negative_rows=[], negative_entries=[], forward_log=[], block_forwards=0, evaluations=0, runs=0, seconds=0.0, cpu_seconds=0.0,
                   block_seconds=0.0, block_cpu_seconds=0.0)
     m = model.clone()
     first = next(iter(groups), None)
@@ -68,7 +70,13 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
         record["negative_rows"].append(x.shape[0] // len(branches) * branches.count(1))
         uuids = options.get("uuids") or [None] * len(branches)
         record["negative_entries"].append(tuple(u for u, b in zip(uuids, branches) if b == 1))
-        return executor(x.clone() if copy_input else x, *args, **kwargs)
+        window = getattr(options.get("context_window"), "index_list", None)
+        blocks_before = record["blocks"]
+        try:
+            return executor(x.clone() if copy_input else x, *args, **kwargs)
+        finally:
+            record["forward_log"].append((record["evaluations"], tuple(window) if window is not None else None,
+                                          record["blocks"] - blocks_before))
 
     def counter(is_first):
         def count_block(args, extra):
