@@ -8,6 +8,15 @@ import torch
 from .base import NonFiniteOutputError, Observer
 
 
+def _skipper(run, forward) -> str | None:
+    """The decider whose skip made (part of) this forward's output: the step cache for a whole forward, else
+    the block cache. Another decider's skips in the same evaluation (the Guidance Cache's) are not this one's."""
+    if forward.computed:
+        return None
+    decider = run.model_decider if forward.model_skipped else run.block_decider
+    return decider.label if decider is not None else None
+
+
 class NaNWatch(Observer):
     """Stops sampling at the first non-finite model output, naming the step, branch and who was in charge.
 
@@ -23,14 +32,14 @@ class NaNWatch(Observer):
         # bool per row) stay on the compute device even with cache_on_cpu: moving them would be a blocking copy
         # per forward.
         finite = rows_finite(output)
-        where = (forward.evaluation, forward.keys, forward.rows, forward.computed)
+        where = (forward.evaluation, forward.keys, forward.rows, forward.computed, _skipper(run, forward))
         run.read_later([finite], lambda host: self._check(run, where, host[0]))
 
     def _check(self, run, where, finite: list) -> None:
         if not all(finite):
             self._stop(run, *where, finite)
 
-    def _stop(self, run, ev, keys, rows: int, computed: bool, finite: list) -> None:
+    def _stop(self, run, ev, keys, rows: int, computed: bool, skipper: str | None, finite: list) -> None:
         bad = [k.name for i, k in enumerate(keys) if not all(finite[i * rows:(i + 1) * rows])]
         branches = bad if len(finite) == rows * len(keys) and bad else [k.name for k in keys]
         if computed and not ev.decisions:
@@ -38,7 +47,7 @@ class NaNWatch(Observer):
         elif computed:
             who = "no interceptor skipped this step (the model itself produced it)"
         else:
-            who = ev.record.decided_by or "the cache"
+            who = skipper or "the cache"
             estimator = run.chain.estimator
             if any(ic is estimator for ic in run.chain):  # a chained estimator made the substitute
                 who = f"{who} skipped this step's model work and {estimator.label} estimated it"

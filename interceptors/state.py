@@ -61,7 +61,7 @@ class EvaluationRecord:
     blocks_total: int = 0
     metric: float | None = None
     threshold: float | None = None
-    decided_by: str | None = None
+    skipped_by: list[str] = dataclasses.field(default_factory=list)  # labels of the deciders whose skip happened
     seconds: float = 0.0
     branches: dict[str, bool] = dataclasses.field(default_factory=dict)  # branch name -> computed
     # Work by batch rows: one chunk is one conditioning entry's rows (a forward of only the positive rows of a
@@ -72,6 +72,11 @@ class EvaluationRecord:
     @property
     def skipped(self) -> bool:
         return self.forwards_skipped > 0 or (self.blocks_total > 0 and self.blocks_run < self.blocks_total)
+
+    @property
+    def decided_by(self) -> str | None:
+        """Who skipped work in this evaluation, each decider credited with its own skip ("A and B")."""
+        return " and ".join(self.skipped_by) or None
 
 
 @dataclasses.dataclass
@@ -390,7 +395,8 @@ class LoopState:
         """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""
         ev = self.evaluation
         ev.skipped_by.add(decider.id)
-        ev.record.decided_by = decider.label
+        if decider.label not in ev.record.skipped_by:
+            ev.record.skipped_by.append(decider.label)
 
     def decisions_of(self, decider: Decider) -> DecisionRecord:
         return self.decision_records[decider.id]

@@ -68,7 +68,7 @@ def summarize(run: LoopState, seconds: float = 0.0) -> RunSummary:
             entry = branches.setdefault(name, [0, 0])
             entry[0] += int(computed and not (r.blocks_total and r.blocks_run < r.blocks_total))
             entry[1] += 1
-    acted = tuple(dict.fromkeys(r.decided_by for r in run.records if r.decided_by))
+    acted = tuple(dict.fromkeys(label for r in run.records for label in r.skipped_by))
     return RunSummary(
         steps=run.total_steps,
         evaluations=len(run.records),

@@ -272,3 +272,16 @@ def test_a_prompt_switch_starts_a_new_history_and_counts_only_active_entries(com
     reported = ui["sampler"]["cached_sampler"][0]["runs"][0]["work_saved"]
     really = 1 - work["rows"] / ref_work["rows"]
     assert reported == pytest.approx(really, abs=1e-3), (reported, really)
+
+
+def test_every_decider_is_credited_with_its_own_skips(comfy):
+    """Fixed Cadence skips whole steps; on those steps the Guidance Cache estimates the negative too. Both
+    skipped work there, so both are credited (one label per evaluation used to be overwritten by the last)."""
+    prompt, positive = _prompt("flux")
+    chain = graphs.config(prompt, "fc", "CachedSamplerFixedCadence", interval=2, **WINDOW)
+    chain = graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", upstream=chain, **dict(MODERATE, interval=100))
+    graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=8)
+    _, ui = comfy.run(prompt)
+    run = ui["sampler"]["cached_sampler"][0]["runs"][0]
+    assert "s" in run["decisions"], run
+    assert len(run["acted"]) == 2 and any("Fixed Cadence" in a for a in run["acted"]), run["acted"]
