@@ -329,6 +329,32 @@ def test_nan_from_a_whole_model_substitution_is_caught(comfy):
     assert "Fixed Cadence (node 7)" in message and "Poisoned forecast (node 8)" in message, message
 
 
+def test_nan_from_a_step_cache_skip_names_the_step_cache_with_the_guidance_cache_chained(comfy):
+    """With the Guidance Cache chained, a poisoned step-cache substitute still names the step cache: the Guidance
+    Cache also skipped work in that evaluation (the negative), but not the work that went wrong."""
+    import nodes
+    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+
+    @dataclasses.dataclass(frozen=True)
+    class Poisoned(ic.ReuseLast):
+        kind = "test_poisoned_gc"
+        display_name = "Poisoned forecast"
+
+        def estimate(self, slot, sigma, device):
+            return slot.value * float("nan")
+
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2).with_node("Fixed Cadence (node 7)"),
+                                    Poisoned().with_node("Poisoned forecast (node 8)"),
+                                    ic.GuidanceCache(interval=100).with_node("Guidance Cache (node 9)")])
+    pos, neg = tiny_models.conditioning("flux")
+    with pytest.raises(ic.NonFiniteOutputError) as info:
+        nodes.common_ksampler(adapter.install(tiny_models.build("flux"), chain), 1, STEPS, 3.0, "euler", "simple",
+                              pos, neg, tiny_models.latent("flux"))
+    message = str(info.value)
+    assert "Fixed Cadence (node 7)" in message and "Poisoned forecast (node 8)" in message, message
+    assert "Guidance Cache (node 9) skipped" not in message, message
+
+
 def test_inf_is_caught_like_nan(comfy):
     import nodes
     adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
