@@ -173,6 +173,11 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         if guidance is not None:
             _check_guider(run, guidance, guider)
         options = guider.model_options.setdefault("transformer_options", {})
+        if adaptive_step(run.sampler):
+            run.caching_off = True
+            run.note(f"{sampler_name(run.sampler)} picks its own steps by error control, and skipped or estimated "
+                     f"model work would defeat it (it answers with more steps, not fewer): caching was switched "
+                     f"off for this run, and every evaluation was computed.")
         options[STATE_KEY] = run
         started = time.perf_counter()
         try:
@@ -258,6 +263,19 @@ def sampler_identity(sampler) -> str:
     options = getattr(sampler, "extra_options", None) or {}
     simple = sorted((k, v) for k, v in options.items() if isinstance(v, (bool, int, float, str)))
     return f"{name}({', '.join(f'{k}={v}' for k, v in simple)})" if simple else name
+
+
+# Samplers that choose their own steps from an error estimate (ComfyUI names its function this way).
+ADAPTIVE_STEP_SAMPLERS = ("dpm_adaptive",)
+
+
+def sampler_name(identity: str) -> str:
+    """The sampler's name as ComfyUI's sampler list has it, from :func:`sampler_identity`."""
+    return identity.split("(")[0].removesuffix("_function")
+
+
+def adaptive_step(identity: str) -> bool:
+    return sampler_name(identity) in ADAPTIVE_STEP_SAMPLERS
 
 
 def guider_cfg(guider) -> float | None:

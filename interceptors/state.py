@@ -209,6 +209,7 @@ class LoopState:
         self.chain = chain
         self.sampler = sampler  # what integrates the run (sampler function and its options), for plans made on it
         self.cfg = cfg          # the guider's cfg, when it has one
+        self.caching_off = False  # every evaluation computes (a sampler caching would defeat; said in a note)
         self.estimator = chain.estimator
         # looked up once: the engine asks for them on every forward and every block
         self.model_decider = chain.decider(Granularity.MODEL)
@@ -388,8 +389,8 @@ class LoopState:
 
     def forced(self, decider: Decider, ev: Evaluation) -> bool:
         """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step,
-        sigma 0 and every evaluation outside its start/end percent window."""
-        return ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
+        sigma 0 and every evaluation outside its start/end percent window; every one when caching is off."""
+        return self.caching_off or ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
 
     def skipped(self, decider: Decider) -> None:
         """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""

@@ -258,3 +258,20 @@ def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, sp
     assert all(torch.equal(c[0], p[0]) for c, p in zip(clean, poisoned)), "cond saw the uncond branch's cache"
     assert any(not torch.equal(c[1], p[1]) for c, p in zip(clean, poisoned)), \
         "the poisoned uncond cache was never read: the test would prove nothing"
+
+
+def test_an_adaptive_step_solver_runs_uncached_and_says_so(comfy):
+    """dpm_adaptive picks its steps by error control: skipped work makes it take more steps (the model ran more
+    block work while the node claimed a speedup). Caching is switched off for such a run, the output is the
+    plain sampler's, and the node says so."""
+    prompt = graphs.base("flux", latent_seed=5)
+    _work(comfy, prompt, {"sampler_name": "dpm_adaptive"}, "model", family="flux", steps=6)
+    reference = CAPTURED["out"].clone()
+    prompt = graphs.base("flux", latent_seed=5)
+    chain = _chain(prompt, "fbcache", METHODS["fbcache"][2])
+    graphs.sampler(prompt, "CachedSampler", chain=chain, steps=6, sampler="dpm_adaptive")
+    _, ui = comfy.run(prompt)
+    assert torch.equal(CAPTURED["out"], reference)
+    run = ui["sampler"]["cached_sampler"][0]["runs"][0]
+    assert any("error control" in n for n in run["notes"]), run
+    assert run["work_saved"] == 0 and run["computed"] == run["evaluations"] > 0, run
