@@ -12,7 +12,8 @@ Run from the pack's folder after changing nodes or graphs:
 
 The tiny-model workflow's thumbnail shows its real output (digits and tuning plot, sampled here); the
 others show the graph itself, since they need model files to run: with ``--thumbnails-from-browser`` as
-the browser test screenshotted it in ComfyUI (run ``python3 -m pytest tests/test_browser.py`` first), else
+the browser test screenshotted it in ComfyUI (run ``python3 -m pytest tests/test_browser.py`` first, with
+ComfyUI v0.8.0: newer frontends cover the top right corner with a card listing the missing model files), else
 a drawing of the graph (only where no thumbnail exists yet).
 """
 from __future__ import annotations
