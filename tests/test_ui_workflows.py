@@ -79,6 +79,8 @@ def test_template_endpoint_lists_and_serves_every_example(served):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_example_matches_the_node_definitions(defs, name):
+    import folder_paths
+    model_files = tuple(folder_paths.supported_pt_extensions)
     wf = load(name)
     nodes = {n["id"]: n for n in wf["nodes"]}
     for node in wf["nodes"]:
@@ -88,13 +90,25 @@ def test_example_matches_the_node_definitions(defs, name):
         assert d is not None, f"node {node['id']}: {node['type']} is not installed"
         slots = workflow_api.widget_slots(d)
         assert len(node["widgets_values"]) == len(slots), (node["type"], slots, node["widgets_values"])
+        specs = {name: (kind, options) for name, kind, options in workflow_api.ordered_inputs(d)}
         for slot, value in zip(slots, node["widgets_values"]):
             if slot is None:
                 assert value in ("fixed", "increment", "decrement", "randomize"), (node["type"], value)
-        inputs = {name: kind for name, kind, _ in workflow_api.ordered_inputs(d)}
+                continue
+            kind, options = specs[slot]
+            choices = kind if isinstance(kind, list) else options.get("options") if kind == "COMBO" else None
+            if choices is not None and not str(value).endswith(model_files):  # the user adds model files
+                assert value in choices, (node["type"], slot, value, choices)
         for i in node["inputs"]:
-            assert i["name"] in inputs, (node["type"], i["name"])
-        assert [o["type"] for o in node["outputs"]] == list(d["output"]), node["type"]
+            assert i["name"] in specs, (node["type"], i["name"])
+        sockets = [name for name, (kind, options) in specs.items() if not workflow_api.is_widget(kind, options)]
+        assert [i["name"] for i in node["inputs"] if "widget" not in i] == sockets, node["type"]
+        # Every listed output is the definition's at that place; only an output node may list fewer (the
+        # pass-through output newer ComfyUIs give Save/Preview nodes is left out of the examples).
+        declared = list(zip(d.get("output_name", d["output"]), d["output"]))
+        listed = [(o["name"], o["type"]) for o in node["outputs"]]
+        assert listed == declared[:len(listed)], (node["type"], listed, declared)
+        assert len(listed) == len(declared) or d.get("output_node"), (node["type"], listed, declared)
     for link_id, src, slot, dst, dst_slot, kind in wf["links"]:
         assert nodes[src]["outputs"][slot]["type"] == kind and link_id in nodes[src]["outputs"][slot]["links"]
         target = nodes[dst]["inputs"][dst_slot]

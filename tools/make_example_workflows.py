@@ -2,13 +2,18 @@
 
 The graphs are declared below by node type, widget values by input name and links by input name; the
 widget order, sockets and output types come from the node definitions of the ComfyUI this runs in, so
-the files always match the nodes. Run from the pack's folder after changing nodes or graphs:
+the files always match the nodes. The files are one set for every supported ComfyUI: the graphs use only
+nodes whose sockets and widgets did not change from v0.8.0 on (Wan's video is saved by SaveAnimatedWEBP:
+CreateVideo gained a widget and SaveVideo became dynamic combos), and an output node lists its outputs only
+as far as the graph links them, so this writes the same files on each version (the tests check it there).
+Run from the pack's folder after changing nodes or graphs:
 
     python3 tools/make_example_workflows.py
 
 The tiny-model workflow's thumbnail shows its real output (digits and tuning plot, sampled here); the
 others show the graph itself, since they need model files to run: with ``--thumbnails-from-browser`` as
-the browser test screenshotted it in ComfyUI (run ``python3 -m pytest tests/test_browser.py`` first), else
+the browser test screenshotted it in ComfyUI (run ``python3 -m pytest tests/test_browser.py`` first, with
+ComfyUI v0.8.0: newer frontends cover the top right corner with a card listing the missing model files), else
 a drawing of the graph (only where no thumbnail exists yet).
 """
 from __future__ import annotations
@@ -64,6 +69,10 @@ class Graph:
         outputs_links: dict[tuple[int, int], list[int]] = {}
         link_id = 0
         built = {}
+        used: dict[int, list[int]] = {}  # node id -> the output slots the example links
+        for n in self.nodes:
+            for src, slot in n["links_in"].values():
+                used.setdefault(src, []).append(slot)
         for n in self.nodes:
             if n["type"] == "MarkdownNote":
                 built[n["id"]] = {"id": n["id"], "type": "MarkdownNote", "pos": n["pos"], "size": n["size"],
@@ -90,8 +99,10 @@ class Graph:
                 raise ValueError(f"{n['type']}: unknown widgets {sorted(n['values'])}")
             outputs = [{"name": name, "type": kind, "links": []}
                        for name, kind in zip(d.get("output_name", d["output"]), d["output"])]
-            for o, name in zip(outputs, d.get("output_name", d["output"])):
-                o["name"] = name
+            if d.get("output_node"):
+                # Newer ComfyUIs give Save/Preview nodes a pass-through output that older ones lack: an output
+                # node lists its outputs only as far as the example links them, so the file opens on both.
+                outputs = outputs[:max(used.get(n["id"], [-1])) + 1]
             width = n["size"][0] if n["size"] else 320
             rows = max(len(sockets), len(outputs))
             height = n["size"][1] if n["size"] else rows * SLOT_H + len(widgets) * WIDGET_H + 16
@@ -190,15 +201,15 @@ def wan21_adaptive_cache(defs) -> dict:
     sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 30, "cfg": 6.0, "sampler_name": "uni_pc",
                                                   "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
     decode = g.add("VAEDecode", (1580, 80))
-    video = g.add("CreateVideo", (1580, 200), {"fps": 16})
-    save = g.add("SaveVideo", (1580, 340), {"filename_prefix": "video/wan_cached", "format": "auto", "codec": "auto"},
-                 size=[400, 400])
+    save = g.add("SaveAnimatedWEBP", (1580, 200), {"filename_prefix": "video/wan_cached", "fps": 16.0,
+                                                   "lossless": False, "quality": 90, "method": "default"},
+                 size=[400, 440])
     plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
     g.link(unet, 0, shift, "model"); g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip")
     g.link(shift, 0, sampler, "model"); g.link(pos, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative")
     g.link(latent, 0, sampler, "latent_image"); g.link(cache, 0, sampler, "interceptors")
-    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, video, "images")
-    g.link(video, 0, save, "video"); g.link(sampler, 1, plot, "images")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.link(sampler, 1, plot, "images")
     g.note((40, 520), "**Wan 2.1 text-to-video + Adaptive Cache**\n\nThe Adaptive Cache skips whole model steps while "
            "the predicted output change stays under the threshold (0.05 cautious, 0.1 balanced, 0.2 fast); no "
            "calibration needed, works on every model.\n\n**Model files:** `diffusion_models/wan2.1_t2v_1.3B_fp16."
