@@ -660,6 +660,20 @@ def latent(family: str, batch: int = 1, seed: int | None = None, size: int = 16)
     return {"samples": comfy.nested_tensor.NestedTensor(tuple(parts))}
 
 
+def available(family: str) -> bool:
+    """Whether the running ComfyUI has the family's supported_models config (newer families are missing from
+    older ComfyUIs)."""
+    import comfy.supported_models
+    return hasattr(comfy.supported_models, _spec(family)[0])
+
+
+def as_tensor(samples):
+    """A latent's samples as one tensor: an audio-video latent's streams (a NestedTensor) flattened and joined."""
+    if getattr(samples, "is_nested", False):
+        return torch.cat([t.reshape(t.shape[0], -1) for t in samples.unbind()], dim=1)
+    return samples
+
+
 def block_groups(family: str) -> dict:
     """``{patches_replace["dit"] block name: count}`` of the tiny ``family`` model."""
     return dict(_spec(family)[4])
