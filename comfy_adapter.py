@@ -428,7 +428,8 @@ def _install_blocks(model, card: ModelCard, plan: BlockPlan, modulated=None) -> 
         group = next(g for g in card.groups if g.name == group_name)
         previous = existing.get((group_name, index))
         model.set_model_patch_replace(
-            _block_replacement(plan, position, group.outputs, previous, modulated if position == 0 else None),
+            _block_replacement(plan, position, group.outputs, previous, modulated if position == 0 else None,
+                               group.packed_as),
             "dit", group_name, index)
 
 
@@ -445,7 +446,28 @@ def _first_block(run: LoopState, args: dict, stream: str) -> None:
                  f"Cadence, Adaptive Cache) work there.")
 
 
-def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous, modulated=None):
+def _unpacked(packed_as: str, names: tuple[str, ...], values: dict) -> dict:
+    """``values`` with the tuple under ``packed_as`` shown as one entry per stream name, in the tuple's order."""
+    streams = values[packed_as]
+    if not isinstance(streams, (tuple, list)) or len(streams) != len(names):
+        raise ChainError(f"the blocks hand over '{packed_as}' as {type(streams).__name__} of "
+                         f"{len(streams) if isinstance(streams, (tuple, list)) else 1} streams where the model card "
+                         f"expects {len(names)} ({', '.join(names)}): a ComfyUI version that changed this model's "
+                         f"block layout. Use a whole-model method (Adaptive Cache, Fixed Cadence) instead.")
+    out = {k: v for k, v in values.items() if k != packed_as}
+    out.update(zip(names, streams))
+    return out
+
+
+def _packed(packed_as: str, names: tuple[str, ...], values: dict) -> dict:
+    """The inverse of :func:`_unpacked`: the streams put back into one tuple under ``packed_as``."""
+    out = {k: v for k, v in values.items() if k not in names}
+    out[packed_as] = tuple(values[k] for k in names)
+    return out
+
+
+def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous, modulated=None,
+                       packed_as: str | None = None):
     def replacement(args, extra):
         original = extra["original_block"]
         if previous is not None:
@@ -454,11 +476,20 @@ def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...]
             run_block = original
         run = (args.get("transformer_options") or {}).get(STATE_KEY)
         if run is None:
-            return as_outputs(run_block(args), out_keys)
+            return run_block(args) if packed_as else as_outputs(run_block(args), out_keys)
+        if packed_as is not None:
+            # The model passes several streams as one tuple (LTX-2's (video, audio)): the engine sees one stream
+            # per name, so each is measured, cached and restored on its own, and the block gets its tuple back.
+            packed_block = run_block
+
+            def run_block(a):  # noqa: F811
+                return _unpacked(packed_as, out_keys, packed_block(_packed(packed_as, out_keys, a)))
+            args = _unpacked(packed_as, out_keys, args)
         if position == 0:
             _first_block(run, args, out_keys[0])
         signal = (lambda: modulated(args)) if modulated is not None else None
-        return block_call(run, plan, position, out_keys, args, run_block, signal)
+        out = block_call(run, plan, position, out_keys, args, run_block, signal)
+        return _packed(packed_as, out_keys, out) if packed_as is not None else out
     replacement.cached_sampler_position = position
     replacement.cached_sampler_previous = previous  # what uninstalling puts back
     return replacement

@@ -18,13 +18,16 @@ class BlockGroup:
     """One run of blocks that share a ``patches_replace["dit"]`` name, e.g. Flux's 19 ``double_block``s.
 
     ``attribute`` is the module list on the diffusion model, ``outputs`` the keys the replacement must
-    return (the first one is the image stream the probe measures).
+    return (the first one is the image stream the probe measures). ``packed_as`` is set where the model hands
+    its blocks several streams as one tuple under that key (LTX-2's ``img`` = (video, audio)): the adapter
+    shows the engine one stream per ``outputs`` name, in the tuple's order, so each keeps its own residual.
     """
 
     name: str
     attribute: str
     outputs: tuple[str, ...]
     count: int = 0
+    packed_as: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +40,9 @@ class FamilySpec:
     # family can get that way (ControlNet's ``control``, patches in transformer_options): VACE hints, S2V's
     # audio injector, Animate's face adapter.
     injecting_inputs: tuple[str, ...] = ()
+    # Why a family with block slots is offered at whole-model level only (shown when a block-level node is
+    # refused on it); None where the family's blocks are cached.
+    blocks_off: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +55,7 @@ class ModelCard:
     teacache: str | None = None
     magcache: str | None = None
     injecting_inputs: tuple[str, ...] = ()
+    blocks_off: str | None = None
 
     @property
     def total_blocks(self) -> int:
@@ -105,6 +112,52 @@ FAMILIES: dict[str, FamilySpec] = {
     # block does not accept (``x=``), so any replacement crashes: whole-model level only.
     "Kandinsky5": FamilySpec("kandinsky5", (), None, None),
     "Kandinsky5Image": FamilySpec("kandinsky5", (), None, None),
+    # Families ComfyUI v0.33 added (comfy/ldm/*/model.py there). Published TeaCache/MagCache curves are fitted to
+    # one model each, so none is claimed for these.
+    # LTX-2 hands its blocks video and audio as one tuple, ``img`` = (vx, ax), and gets both back: two streams,
+    # each with its own residual. The skip decision follows the video stream's probe (the first stream) and
+    # covers both streams, which the blocks compute together (audio-video cross-attention).
+    "LTXAV": FamilySpec("ltxav", (BlockGroup("double_block", "transformer_blocks", ("video", "audio"),
+                                             packed_as="img"),), None, None),
+    # Wan variants whose forward runs Wan's block loop: WanDancer's music injector adds to the stream after the
+    # blocks in its inject layers when the conditioning carries music features (``audio_embed``).
+    "WAN22_WanDancer": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None,
+                                  injecting_inputs=("audio_embed",)),
+    # Animate 2: the pose branch runs beside every block (outside its slot) and hands the block its keys and
+    # values; nothing is added to the stream between blocks.
+    "WAN_Animate2": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    # SCAIL (and SCAIL-2, the same loop): pose tokens ride in the stream itself, concatenated before the blocks.
+    "WAN21_SCAIL": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    "WAN21_SCAIL2": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    # FlowRVS runs Wan 2.1's own WanModel.
+    "WAN21_FlowRVS": FamilySpec("wan", _dit("blocks", double_out=("img",)), None, None),
+    # Causal (autoregressive) Wan runs its blocks itself, frame block by frame block with a K/V cache, and never
+    # consults patches_replace: no block can be cached.
+    "WAN21_CausalAR": FamilySpec("wan", (), None, None, blocks_off=(
+        "its causal block loop never consults ComfyUI's block-replacement slots")),
+    # Flux and Qwen-Image subclasses: LongCat-Image runs Flux's own model; MageFlow has Qwen-Image's loop.
+    "LongCatImage": FamilySpec("flux", _dit("double_blocks", "single_blocks"), None, None),
+    "MageFlow": FamilySpec("mage_flow", _dit("transformer_blocks"), None, None),
+    # Dual-stream MMDiTs with one block kind: image and text streams in, both out.
+    "JoyImage": FamilySpec("joyimage", _dit("double_blocks"), None, None),
+    "Lens": FamilySpec("lens", _dit("transformer_blocks"), None, None),
+    # HiDream-O1 serves its slots only on its cold path, and registering any slot turns off its prompt-prefix
+    # K/V cache, so every layer would recompute the whole prompt on every step: block caching would cost more
+    # than it saves. Its layers are nested (language_model.layers) as well.
+    "HiDreamO1": FamilySpec("hidream_o1", (), None, None, blocks_off=(
+        "its blocks are served by ComfyUI's replacement slots only when its own prompt K/V cache is off, so "
+        "caching them would make every step recompute the whole prompt")),
+    # SeedVR2 (NaDiT) packs the batch's video tokens into one sequence without a batch dimension: a residual
+    # cannot be told apart by conditioning branch.
+    "SeedVR2": FamilySpec("seedvr2", (), None, None, blocks_off=(
+        "its blocks carry the whole batch packed into one token sequence, which cannot be split by "
+        "conditioning branch")),
+    # MiniMax H3 runs text, audio and video tokens as one joint sequence through its blocks; not verified with
+    # a model built through ComfyUI's classes yet, so not offered at block level.
+    "MiniMaxH3": FamilySpec("minimax_h3", (), None, None, blocks_off=(
+        "its block caching has not been verified yet")),
+    # Boogu (an Omnigen2) has no block slots.
+    "Boogu": FamilySpec("boogu", (), None, None, blocks_off="its forward has no block-replacement slots"),
 }
 
 # supported_models config classes that ComfyUI itself knows to be step-distilled.
@@ -145,4 +198,4 @@ def build_card(model_class: str | tuple[str, ...], config_class: str = "", sampl
     if groups and block_hooks:
         levels.add(Granularity.BLOCKS)
     return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache,
-                     spec.injecting_inputs)
+                     spec.injecting_inputs, spec.blocks_off)

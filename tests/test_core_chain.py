@@ -93,6 +93,23 @@ def test_unknown_model_gets_whole_model_card_and_subclass_inherits_family():
     assert variant.family == "wan" and ic.Granularity.BLOCKS in variant.levels
 
 
+@pytest.mark.parametrize("mro,counts", [
+    (("WAN21_CausalAR", "WAN21", "BaseModel"), {"blocks": 3}),           # its loop never consults the slots
+    (("HiDreamO1", "BaseModel"), {"layers": 3}),                         # slots switch off its prompt K/V cache
+    (("SeedVR2", "BaseModel"), {"blocks": 3}),                           # tokens packed without a batch dimension
+    (("MiniMaxH3", "BaseModel"), {"blocks": 3}),                         # not verified yet
+    (("Boogu", "Omnigen2", "BaseModel"), {"layers": 3}),                 # no slots
+])
+def test_a_family_kept_at_whole_model_level_says_why_when_a_block_method_is_refused(mro, counts):
+    """Even with block lists on the model (and a carded parent), these families are offered whole-model caching
+    only, and a block-level node is refused with the family's reason."""
+    card = ic.build_card(mro, mro[0], group_counts=counts)
+    assert card.levels == frozenset({ic.Granularity.MODEL}) and card.blocks_off
+    with pytest.raises(ic.ChainError) as e:
+        ic.InterceptorChain.of([ic.FirstBlockCache(node="First Block Cache (node 4)")]).validate_for(card)
+    assert "node 4" in str(e.value) and card.blocks_off in str(e.value) and "Adaptive Cache" in str(e.value)
+
+
 def test_typed_state_is_per_run_and_per_branch():
     @dataclasses.dataclass(frozen=True)
     class Counting(ic.FixedCadence):

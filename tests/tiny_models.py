@@ -47,11 +47,22 @@ FAMILIES = (
     "wan21",
     "wan22",
     "wan22_s2v",
+    "wan_dancer",
+    "wan_animate2",
+    "wan_scail",
+    "wan_scail2",
+    "wan_flowrvs",
+    "wan_causal",
     "hunyuan_video",
     "hunyuan_video15",
     "qwen_image",
+    "mage_flow",
+    "joyimage",
+    "lens",
+    "longcat_image",
     "sd3",
     "ltxv",
+    "ltxav",
     "auraflow",
     "kandinsky5",
     "lumina2",
@@ -67,6 +78,14 @@ POOLED_DIM = 32
 # Wan S2V's audio features: [batch, AUDIO_LAYERS encoder layers, AUDIO_DIM, 4 per latent frame].
 AUDIO_DIM = 32
 AUDIO_LAYERS = 25
+
+# WanDancer's music features per frame.
+MUSIC_FEATURES = 35
+
+# Families whose latent is a NestedTensor of a video and an audio latent (LTXVConcatAVLatent's layout); the
+# audio latent is [batch, 8 channels, AUDIO_FRAMES, 16 frequency bins].
+AUDIO_VIDEO = ("ltxav",)
+AUDIO_FRAMES = 6
 
 # SDXL's ``encode_adm`` appends six 256-wide size embeddings to the pooled vector.
 _SDXL_ADM = POOLED_DIM + 6 * 256
@@ -193,6 +212,23 @@ _SPECS = {
     # every block listed in audio_inject_layers (all three here) when the conditioning carries audio.
     "wan22_s2v": ("WAN22_S2V", dict(_WAN, model_type="s2v", audio_dim=AUDIO_DIM, num_audio_token=4, cond_dim=16,
                                     audio_inject_layers=[0, 1, 2]), 16, 2, {"double_block": 3}),
+    # Wan 2.2 WanDancer: Wan's i2v blocks (16 latent + 20 image-condition channels); a music encoder turns the
+    # music features (``audio_embed``, [batch, frames, 35]) into one embedding per latent frame and 8 tokens,
+    # and its injector adds them to the stream after every block in audio_inject_layers (all three here).
+    "wan_dancer": ("WAN22_WanDancer", dict(_WAN, model_type="wandancer", in_dim=36, audio_inject_layers=[0, 1, 2],
+                                           music_dim=32, music_heads=2, music_latent_dim=32), 16, 2,
+                   {"double_block": 3}),
+    # Wan Animate 2: i2v-shaped blocks (36 input channels) with a pose branch that runs beside every block and
+    # hands it keys and values; the conditioning carries pose latents (one frame fewer than the video: the
+    # first frame is the reference slot).
+    "wan_animate2": ("WAN_Animate2", dict(_WAN, model_type="animate2", in_dim=36), 16, 2, {"double_block": 3}),
+    # SCAIL / SCAIL-2: pose latents (16 + 4 mask channels) become tokens concatenated to the stream.
+    "wan_scail": ("WAN21_SCAIL", dict(_WAN, model_type="scail", in_dim=20), 16, 2, {"double_block": 3}),
+    "wan_scail2": ("WAN21_SCAIL2", dict(_WAN, model_type="scail2", in_dim=20), 16, 2, {"double_block": 3}),
+    # FlowRVS: Wan 2.1's own model as an image-to-image flow.
+    "wan_flowrvs": ("WAN21_FlowRVS", dict(_WAN, model_type="flow_rvs"), 16, 2, {"double_block": 3}),
+    # Causal (autoregressive) Wan 2.1: its block loop never consults patches_replace.
+    "wan_causal": ("WAN21_CausalAR_T2V", dict(_WAN, causal_ar=True), 16, 2, {}),
     # HunyuanVideo (v1): token refiner, double + single blocks, pooled CLIP vector.
     "hunyuan_video": ("HunyuanVideo", {
         "image_model": "hunyuan_video",
@@ -254,6 +290,65 @@ _SPECS = {
         "joint_attention_dim": CONTEXT_DIM,
         "axes_dims_rope": (4, 14, 14),
     }, 16, 1, {"double_block": 3}),
+    # MageFlow: Qwen-Image's block loop on the Flux.2 latent (128 channels, patch 1).
+    "mage_flow": ("MageFlow", {
+        "image_model": "mage_flow",
+        "in_channels": 128,
+        "out_channels": 128,
+        "num_layers": 3,
+        "attention_head_dim": 32,
+        "num_attention_heads": 2,
+        "joint_attention_dim": CONTEXT_DIM,
+        "axes_dims_rope": (4, 14, 14),
+    }, 128, 0, {"double_block": 3}),
+    # JoyImage: HunyuanVideo-style dual-stream blocks (image and text in, both out) on the Wan 2.1 latent.
+    "joyimage": ("JoyImage", {
+        "image_model": "joyimage",
+        "patch_size": [1, 2, 2],
+        "in_channels": 16,
+        "out_channels": 16,
+        "hidden_size": 128,
+        "num_attention_heads": 1,
+        "text_dim": CONTEXT_DIM,
+        "mlp_width_ratio": 2.0,
+        "num_layers": 3,
+        "rope_dim_list": [16, 56, 56],
+    }, 16, 1, {"double_block": 3}),
+    # Lens: dual-stream MMDiT on the Flux.2 latent (128 channels = 32 x 2x2 patch, one token per latent pixel),
+    # one text feature.
+    "lens": ("Lens", {
+        "image_model": "lens",
+        "patch_size": 2,
+        "in_channels": 128,
+        "out_channels": 32,
+        "num_layers": 3,
+        "attention_head_dim": 32,
+        "num_attention_heads": 2,
+        "enc_hidden_dim": CONTEXT_DIM,
+        "axes_dims_rope": (4, 14, 14),
+        "multi_layer_encoder_feature": False,
+    }, 128, 0, {"double_block": 3}),
+    # LongCat-Image: Flux's own model (no guidance embedding, no pooled vector).
+    "longcat_image": ("LongCatImage", {
+        "image_model": "flux",
+        "guidance_embed": False,
+        "in_channels": 16,
+        "out_channels": 16,
+        "vec_in_dim": None,
+        "context_in_dim": CONTEXT_DIM,
+        "hidden_size": 64,
+        "mlp_ratio": 4.0,
+        "num_heads": 2,
+        "depth": 2,
+        "depth_single_blocks": 2,
+        "axes_dim": [4, 14, 14],
+        "theta": 10000,
+        "patch_size": 2,
+        "qkv_bias": True,
+        "txt_ids_dims": [],
+        "yak_mlp": False,
+        "txt_norm": False,
+    }, 16, 0, {"double_block": 2, "single_block": 2}),
     # SD3 MMDiT: hidden = 64 * depth, heads = depth; num_blocks adds a third block.
     "sd3": ("SD3", {
         "in_channels": 16,
@@ -282,6 +377,26 @@ _SPECS = {
         "num_attention_heads": 2,
         "cross_attention_dim": 64,
         "caption_channels": CONTEXT_DIM,
+    }, 128, 1, {"double_block": 3}),
+    # LTX-2 (LTXAV): video (128 channels, patch 1) and audio (8 channels x 16 frequency bins) streams through
+    # the same blocks, handed over as one tuple ``img`` = (video, audio); the text features are already
+    # processed (video half, audio half: 2 * caption_channels wide). The latent is a NestedTensor
+    # (LTXVConcatAVLatent's), see ``latent``.
+    "ltxav": ("LTXAV", {
+        "image_model": "ltxav",
+        "in_channels": 128,
+        "audio_in_channels": 128,
+        "num_layers": 3,
+        "attention_head_dim": 32,
+        "num_attention_heads": 2,
+        "audio_attention_head_dim": 16,
+        "audio_num_attention_heads": 2,
+        "cross_attention_dim": 64,
+        "audio_cross_attention_dim": 32,
+        "caption_channels": CONTEXT_DIM // 2,
+        "connector_attention_head_dim": 16,
+        "connector_num_attention_heads": 2,
+        "connector_num_layers": 1,
     }, 128, 1, {"double_block": 3}),
     # AuraFlow: 2 joint (double) + 2 single layers, learned positional table.
     "auraflow": ("AuraFlow", {
@@ -408,7 +523,12 @@ _EXTRAS = {
     "sdxl": ("pooled",),
     "kandinsky5": ("pooled",),
     "ltxv": ("mask",),
+    "ltxav": ("mask",),
     "wan22_s2v": ("audio",),
+    "wan_dancer": ("music",),
+    "wan_animate2": ("pose",),
+    "wan_scail": ("pose_scail",),
+    "wan_scail2": ("pose_scail",),
 }
 
 
@@ -506,6 +626,11 @@ def conditioning(family: str, batch: int = 1, seed: int = 0, length: int = 4):
         if "audio" in extras:
             frames = _spec(family)[3]
             d["audio_embed"] = torch.randn((batch, AUDIO_LAYERS, AUDIO_DIM, 4 * frames), generator=gen)
+        if "music" in extras:  # WanDancer's music features: [batch, music frames, 35]
+            d["audio_embed"] = torch.randn((batch, 8 * _spec(family)[3], MUSIC_FEATURES), generator=gen)
+        if extras and extras[0].startswith("pose"):  # pose video latents (raw, as a VAE encodes them)
+            frames = _spec(family)[3] - (1 if extras[0] == "pose" else 0)
+            d["pose_video_latent"] = torch.randn((batch, 16, frames, 16, 16), generator=gen)
         return [[cross, d]]
 
     positive = one()
@@ -526,12 +651,27 @@ def latent(family: str, batch: int = 1, seed: int | None = None, size: int = 16)
     """
     _, _, channels, frames, _ = _spec(family)
     shape = (batch, channels, frames, size, size) if frames else (batch, channels, size, size)
-    if seed is None:
-        samples = torch.zeros(shape)
-    else:
-        gen = torch.Generator(device="cpu").manual_seed(int(seed))
-        samples = torch.randn(shape, generator=gen)
-    return {"samples": samples}
+    shapes = [shape] + ([(batch, 8, AUDIO_FRAMES, 16)] if family in AUDIO_VIDEO else [])
+    gen = torch.Generator(device="cpu").manual_seed(int(seed)) if seed is not None else None
+    parts = [torch.zeros(s) if gen is None else torch.randn(s, generator=gen) for s in shapes]
+    if len(parts) == 1:
+        return {"samples": parts[0]}
+    import comfy.nested_tensor
+    return {"samples": comfy.nested_tensor.NestedTensor(tuple(parts))}
+
+
+def available(family: str) -> bool:
+    """Whether the running ComfyUI has the family's supported_models config (newer families are missing from
+    older ComfyUIs)."""
+    import comfy.supported_models
+    return hasattr(comfy.supported_models, _spec(family)[0])
+
+
+def as_tensor(samples):
+    """A latent's samples as one tensor: an audio-video latent's streams (a NestedTensor) flattened and joined."""
+    if getattr(samples, "is_nested", False):
+        return torch.cat([t.reshape(t.shape[0], -1) for t in samples.unbind()], dim=1)
+    return samples
 
 
 def block_groups(family: str) -> dict:

@@ -642,3 +642,56 @@ class SpikeAt:
 
 
 TEST_NODES.update({"TestTinyConditioningWidth": TinyConditioningWidth, "TestSpikeAt": SpikeAt})
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Nodes for the model-family tests (tests/test_integration_families.py).
+# ------------------------------------------------------------------------------------------------------------
+
+class StreamOffset:
+    """Registers, before any caching node (and chained to a replacement already in the slot), a replacement of
+    block ``index`` that runs the block and adds a
+    fixed seeded vector (one per stream, broadcast over the tokens) to every stream it returns: LTX-2's video
+    and audio in its ``img`` tuple, or ``img`` alone. On a model whose other blocks pass their input through,
+    the residual of a span holding this block is exactly these vectors, the same on every step: a cache that
+    restores each stream from its own residual changes nothing, one that drops a stream's residual or applies
+    one stream's to another does."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "group": ("STRING", {"default": "double_block"}),
+                             "index": ("INT", {"default": 1}), "seed": ("INT", {"default": 17}),
+                             "scale": ("FLOAT", {"default": 0.05})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, group, index, seed, scale):
+        import torch
+        m = model.clone()
+        gen = torch.Generator().manual_seed(seed)
+        offsets = {}
+
+        def offset(i, t):
+            if (i, t.shape[-1]) not in offsets:
+                offsets[(i, t.shape[-1])] = torch.randn(t.shape[-1], generator=gen) * scale
+            return t + offsets[(i, t.shape[-1])].to(t)
+
+        previous = m.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {}).get(
+            (group, index))
+
+        def replacement(args, extra):  # chains to a replacement already there (a block counter)
+            out = dict(previous(args, extra) if previous is not None else extra["original_block"](args))
+            streams = out["img"]
+            if isinstance(streams, (tuple, list)):
+                out["img"] = tuple(offset(i, t) for i, t in enumerate(streams))
+            else:
+                out["img"] = offset(0, streams)
+            return out
+
+        m.set_model_patch_replace(replacement, "dit", group, index)
+        return (m,)
+
+
+TEST_NODES.update({"TestStreamOffset": StreamOffset})

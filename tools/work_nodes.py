@@ -64,10 +64,11 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
 
     def count_forward(executor, x, *args, **kwargs):
         record["forwards"] += 1
-        record["rows"] += x.shape[0]
+        rows = (x[0] if isinstance(x, (list, tuple)) else x).shape[0]  # audio-video models get [video, audio]
+        record["rows"] += rows
         options = transformer_options_of(args, kwargs)
         branches = options.get("cond_or_uncond") or [0]
-        record["negative_rows"].append(x.shape[0] // len(branches) * branches.count(1))
+        record["negative_rows"].append(rows // len(branches) * branches.count(1))
         uuids = options.get("uuids") or [None] * len(branches)
         record["negative_entries"].append(tuple(u for u, b in zip(uuids, branches) if b == 1))
         window = getattr(options.get("context_window"), "index_list", None)
@@ -82,6 +83,8 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
         def count_block(args, extra):
             record["blocks"] += 1
             stream = args.get("img")
+            if isinstance(stream, (list, tuple)):  # LTX-2's blocks get (video, audio)
+                stream = stream[0]
             record["block_rows"] += stream.shape[0] if stream is not None else 0
             if is_first:
                 record["block_forwards"] += 1
@@ -152,5 +155,13 @@ def capture_node(name: str, doc: str, input_name: str, spec: tuple, keep) -> typ
     })
 
 
+def _kept(samples):
+    """A copy of a latent's samples; an audio-video latent (a ComfyUI NestedTensor) keeps its kind, each of its
+    streams copied."""
+    if getattr(samples, "is_nested", False):
+        return type(samples)([t.detach().clone() for t in samples.unbind()])
+    return samples.detach().clone()
+
+
 CaptureLatent = capture_node("CaptureLatent", "Stores the latent under ``key``.", "samples", ("LATENT",),
-                             lambda latent: latent["samples"].detach().clone())
+                             lambda latent: _kept(latent["samples"]))
