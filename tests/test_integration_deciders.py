@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import graphs
+import methods
 import tiny_models
 from test_core_engine import tensors_in
 from tiny_nodes import CAPTURED
@@ -72,18 +73,9 @@ def test_second_stage_decides_as_the_same_steps_of_one_stage(comfy):
     assert lo == one[split:], f"second stage {lo} against the same steps of one stage {one[split:]}"
 
 
-CHAINS = {
-    "dbcache+taylorseer": lambda ic: [ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, max_consecutive_cached=2,
-                                                 **WINDOW), ic.TaylorSeer(order=2)],
-    "teacache": lambda ic: [ic.TeaCache(threshold=100.0, **WINDOW)],
-    "magcache": lambda ic: [ic.MagCache(threshold=100.0, max_skips=2, retention=0.0, **WINDOW)],
-    "adaptive": lambda ic: [ic.AdaptiveCache(threshold=100.0, max_consecutive_cached=2, **WINDOW)],
-}
-
-
 def _chain_of(comfy, name):
     ic = comfy.module("interceptors")
-    return ic.InterceptorChain.of(CHAINS[name](ic))
+    return ic.InterceptorChain.of(methods.skipping(ic)[name])
 
 
 def _sample(comfy, chain, **install):
@@ -99,18 +91,18 @@ def _sample(comfy, chain, **install):
     return latent["samples"], runs
 
 
-@pytest.mark.parametrize("name", list(CHAINS))
+@pytest.mark.parametrize("name", methods.NAMES)
 def test_nothing_of_a_run_outlives_it(comfy, name):
     """Once a run is over, no tensor is reachable from what it owned: caches, anchors, previous inputs."""
     seen = []
     chain = _chain_of(comfy, name)
     _, runs = _sample(comfy, chain, on_evaluation=lambda run, ev: seen.append(len(tensors_in(run))))
     assert max(seen) > 0, "the run held no tensor while sampling: the test would prove nothing"
-    assert any(r.skipped for r in runs[0].records), "nothing was skipped: the test would prove nothing"
+    assert methods.skipped_work(runs[0]), "nothing was skipped: the test would prove nothing"
     assert tensors_in(runs[0]) == []
 
 
-@pytest.mark.parametrize("name", list(CHAINS))
+@pytest.mark.parametrize("name", methods.NAMES)
 def test_every_kept_tensor_goes_to_the_cache_device(comfy, name, monkeypatch):
     """cache_on_cpu: every tensor a run keeps across evaluations (estimator slots, block residuals, decider anchors)
     is placed by LoopState.to_cache. On a CPU-only machine the cache device and the compute device are the same, so
@@ -137,7 +129,7 @@ def test_every_kept_tensor_goes_to_the_cache_device(comfy, name, monkeypatch):
 
     chain = _chain_of(comfy, name)
     on_cpu, runs = _sample(comfy, chain, cache_on_cpu=True, on_evaluation=check)
-    assert placed and any(r.skipped for r in runs[0].records)
+    assert placed and methods.skipped_work(runs[0])
     assert strays == []
     monkeypatch.setattr(state.LoopState, "to_cache", original)
     on_device, _ = _sample(comfy, chain)
