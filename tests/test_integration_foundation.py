@@ -93,8 +93,10 @@ def test_bit_identical_to_ksampler_for_every_sampler_with_chains_that_never_skip
                     evaluations[(name, cfg, label)] = sum(r["evaluations"] for r in runs), sum(
                         r["computed"] for r in runs), [n for r in runs for n in r["notes"]]
     assert not failures, f"differs from KSampler: {failures}"
-    assert all(seen > 0 and computed == seen and not notes for seen, computed, notes in evaluations.values()), \
-        evaluations
+    # an adaptive-step solver runs with caching off and says why; no other sampler has anything to say
+    assert all(seen > 0 and computed == seen and (
+        len(notes) == 1 and "error control" in notes[0] if name == "dpm_adaptive" else not notes)
+        for (name, _, _), (seen, computed, notes) in evaluations.items()), evaluations
 
 
 @pytest.mark.parametrize("scheduler", ["simple", "normal", "karras", "exponential", "sgm_uniform", "beta",
