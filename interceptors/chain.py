@@ -97,9 +97,10 @@ class InterceptorChain:
             if ic.granularity not in (None, Granularity.GUIDANCE) and ic.granularity not in card.levels:
                 hint = ("Use the Adaptive Cache or Fixed Cadence node instead, which work on every model."
                         if ic.granularity == Granularity.BLOCKS else "")
+                why = "".join(f" ({n})" for n in card.notes if n.startswith("transformer-block caching is off"))
                 problems.append(
                     f"{ic.label} ({ic.display_name}) works on {_level_words(ic.granularity)}, which "
-                    f"{card.name} does not expose to caching. {hint}".strip())
+                    f"{card.name} does not expose to caching{why}. {hint}".strip())
             problems.extend(ic.check_model(card))
         return problems
 
