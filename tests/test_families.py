@@ -27,10 +27,13 @@ def _config_names() -> list[str]:
         return []
     import ast
     tree = ast.parse((_PATH / "comfy" / "supported_models.py").read_text())
-    for node in tree.body:
+    names = []
+    for node in tree.body:  # ``models = [...]``, then possibly ``models += [...]``
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "models" for t in node.targets):
-            return [e.id for e in node.value.elts if isinstance(e, ast.Name)]
-    return []
+            names = [e.id for e in node.value.elts if isinstance(e, ast.Name)]
+        elif isinstance(node, ast.AugAssign) and getattr(node.target, "id", None) == "models":
+            names += [e.id for e in getattr(node.value, "elts", ()) if isinstance(e, ast.Name)]
+    return names
 
 
 CONFIGS = _config_names()

@@ -45,8 +45,12 @@ OVERRIDES = {
     # pixel space: a 3-channel image in 2x2 patches, decoded by a one-layer NeRF head
     "ChromaRadiance": {"in_channels": 3, "out_channels": 3, "patch_size": 2, "nerf_hidden_size": 16,
                        "nerf_mlp_ratio": 2, "nerf_depth": 1, "nerf_max_freqs": 4, "nerf_tile_size": 0,
-                       "nerf_final_head_type": "linear", "nerf_embedder_dtype": None, "use_x0": False,
-                       "use_sequential_txt_ids": False},
+                       "nerf_final_head_type": "linear", "nerf_embedder_dtype": None, "use_x0": False},
+}
+# Values given only where the running ComfyUI's parameter class has the field (newer versions added them):
+# config -> (module, dataclass, values).
+NEWER_FIELDS = {
+    "ChromaRadiance": ("comfy.ldm.chroma_radiance.model", "ChromaRadianceParams", {"use_sequential_txt_ids": False}),
 }
 # Latents that differ from the base family's: (channels, frames; 0 = an image latent).
 LATENTS = {"ChromaRadiance": (3, 0)}
@@ -108,6 +112,12 @@ def unet_config(name: str) -> dict:
     cls = config_class(name)
     config.update({k: v for k, v in cls.unet_config.items() if k not in config})  # its own detection keys
     config.update(OVERRIDES.get(name, {}))
+    if name in NEWER_FIELDS:
+        import dataclasses
+        import importlib
+        module, params, values = NEWER_FIELDS[name]
+        fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), params))}
+        config.update({k: v for k, v in values.items() if k in fields})
     return config
 
 
