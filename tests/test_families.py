@@ -186,3 +186,13 @@ def test_autoregressive_video_sampler_on_causal_wan_never_crashes_and_computes_e
         out, count = run(method)
         assert torch.equal(out, ref), f"{method} under the AR sampler must compute every forward"
         assert count["forwards"] == ref_count["forwards"]
+
+
+def test_families_doc_is_what_the_generator_writes_for_this_comfyui(comfy):
+    import families_table
+    committed = families_table.DOC.read_text()
+    documented = [line.split(" | ")[0].strip("| ") for line in committed.splitlines()[6:] if line.startswith("| ")]
+    if documented != tiny_configs.config_names():
+        pytest.skip("docs/families.md is written for the newest ComfyUI, whose configs differ from this one's")
+    assert committed == families_table.render(comfy.module("comfy_adapter"), comfy.version), (
+        "docs/families.md is out of date: run python3 tools/families_table.py")

@@ -22,6 +22,7 @@ BASES = {
     "QwenImage": "qwen_image", "SD3": "sd3", "LTXV": "ltxv", "AuraFlow": "auraflow", "Kandinsky5": "kandinsky5",
     "Lumina2": "lumina2", "SDXL": "sdxl", "SD15": "sd15",
     "LongCatImage": "flux",  # its own config class, Flux's model class and diffusion model
+    "SD20": "sd15",  # the SD 2 UNet: the tiny SD 1.5 layout
 }
 
 # Values a variant needs on top of its base's tiny unet_config (its image-conditioned inputs are concatenated
@@ -57,9 +58,13 @@ LATENTS = {"ChromaRadiance": (3, 0)}
 
 # Configs not sampled tiny here, and why.
 _AUDIO = "an audio model: its latent and conditioning are audio-shaped, which the tiny image/video families are not"
-_NOT_WRITTEN = ("no tiny configuration is written for its diffusion model ({}) yet; it has no ancestor config with "
-                "one")
+_NOT_WRITTEN = "no tiny configuration is written for model class {} yet, nor for an ancestor config of it"
 UNBUILT = {
+    "SD21UnclipL": "SD 2.1 unCLIP needs a CLIP-vision image embedding (its class-conditional ``y``); not written yet",
+    "SD21UnclipH": "SD 2.1 unCLIP needs a CLIP-vision image embedding (its class-conditional ``y``); not written yet",
+    "LotusD": "Lotus's UNet takes its own inputs beyond the SD 2 layout (a task embedding); not written yet",
+    "SD_X4Upscaler": ("the x4 upscaler's UNet takes a low-resolution image and a noise level beyond the SD 2 layout; "
+                      "not written yet"),
     "LTXAV": ("LTX-2 samples one latent that packs video and audio together (and needs its audio conditioning), "
               "which the tiny LTXV latent is not"),
     "StableAudio": _AUDIO, "StableAudio3": _AUDIO, "ACEStep": _AUDIO, "ACEStep15": _AUDIO,
