@@ -37,8 +37,9 @@ import torch
 import comfy.samplers
 from comfy.patcher_extension import WrappersMP
 
-from .interceptors import (ChainError, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch, build_card,
-                           summarize)
+from .interceptors import (ChainError, DiffusionFacts, Granularity, InterceptorChain, LoopState, ModelCard, NaNWatch,
+                           build_card, summarize)
+from .interceptors.cards import runs_blocks
 from .interceptors.distributed import RankGroup
 from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
 from .interceptors.state import schedule_of  # noqa: F401  (the sampling nodes place their runs with it)
@@ -55,7 +56,10 @@ def model_card(model) -> ModelCard:
     """The card of a ComfyUI ModelPatcher, from its classes and the blocks it really has."""
     base = model.model
     mro = tuple(c.__name__ for c in type(base).__mro__)
-    config = type(getattr(base, "model_config", None)).__name__
+    config = getattr(base, "model_config", None)
+    config_mro = tuple(c.__name__ for c in type(config).__mro__ if c is not object) if config is not None else ()
+    settings = {k: v for k, v in (getattr(config, "unet_config", None) or {}).items()
+                if isinstance(v, (bool, int, float, str)) or v is None}
     sampling = model.get_model_object("model_sampling")
     sampling_classes = tuple(c.__name__ for c in type(sampling).__mro__)
     diffusion = getattr(base, "diffusion_model", None)
@@ -64,7 +68,20 @@ def model_card(model) -> ModelCard:
         for name, child in diffusion.named_children():
             if isinstance(child, torch.nn.ModuleList):
                 counts[name] = len(child)
-    return build_card(mro, config, sampling_classes, counts)
+    return build_card(mro, config_mro, sampling_classes, counts, diffusion=diffusion_facts(diffusion),
+                      config_settings=settings)
+
+
+def diffusion_facts(diffusion) -> DiffusionFacts | None:
+    """The names the card rule needs about a diffusion model: its classes (up to torch's Module) and which of
+    them define a method that may run the transformer blocks."""
+    if diffusion is None:
+        return None
+    classes = [c for c in type(diffusion).__mro__ if c not in (torch.nn.Module, object)
+               and not c.__module__.startswith(("torch.", "abc"))]
+    runners = tuple((name, c.__name__) for c in classes for name, value in vars(c).items()
+                    if callable(value) and runs_blocks(name))
+    return DiffusionFacts(tuple(c.__name__ for c in classes), runners)
 
 
 def installed_chain(model) -> InterceptorChain | None:
@@ -75,6 +92,13 @@ def installed_chain(model) -> InterceptorChain | None:
 # ComfyUI core patches that conflict with a chain: (transformer_options key or wrapper key, what to call it).
 OTHER_CACHES = (("easycache", "ComfyUI's EasyCache"), ("lazycache", "ComfyUI's LazyCache"),
                 ("teacache", "Raylight's TeaCache"))  # Raylight's EasyCache port uses the "easycache" key too
+# The autoregressive video sampler (comfy_extras SamplerARVideo, ``sample_ar_video``) puts its KV caches here for
+# the length of a run. Every forward appends the frame block's keys and values to them and the sampler rolls them
+# back after every step, whether the forward ran or not: a skipped forward would leave them short (and attention
+# fails on an empty cache). Such forwards are always computed.
+AR_STATE_KEY = "ar_state"
+AR_NOTE = ("the autoregressive video sampler keeps a KV cache that every model forward must extend, so caching was "
+           "off for this run: every step was computed")
 COMPILE_WRAPPER_KEY = "torch.compile"          # comfy_api.torch_helpers.torch_compile.COMPILE_KEY
 COMPILE_OPTIONS_KEY = "torch_compile_kwargs"   # ... .TORCH_COMPILE_KWARGS
 
@@ -197,6 +221,9 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
         if run is None:
             return executor(x, timestep, model_options, seed)
+        if AR_STATE_KEY in model_options["transformer_options"]:
+            run.note(AR_NOTE)  # every forward extends the sampler's KV cache: none may be skipped
+            return executor(x, timestep, model_options, seed)
         # the sigma stays on the device until the evaluation's first transfer to the host (its decision's)
         run.begin_evaluation(timestep).from_sampler = True
         try:
@@ -206,7 +233,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
 
     def apply_model(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options={}, **kw):
         run = transformer_options.get(STATE_KEY)
-        if run is None:
+        if run is None or AR_STATE_KEY in transformer_options:
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
         # a sampler's evaluation knows its sigma (None): reading ``t`` on every forward would stall the device
         ev = run.evaluation
@@ -229,7 +256,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
 
     def calc_cond_batch(executor, model, conds, x_in, timestep, model_options):
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
-        if run is None:
+        if run is None or AR_STATE_KEY in model_options["transformer_options"]:
             return executor(model, conds, x_in, timestep, model_options)
         window = model_options["transformer_options"].get("context_window")
         return guided_batch(run, guidance, conds, x_in, timestep,

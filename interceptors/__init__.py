@@ -5,7 +5,7 @@ Plain torch only; nothing here imports ComfyUI, so every piece can be tested on 
 from .adaptive import AdaptiveCache
 from .base import (ChainError, Decider, Estimator, Granularity, Interceptor, InterceptorError,
                    NonFiniteOutputError, Observer, Role)
-from .cards import ModelCard, build_card
+from .cards import DiffusionFacts, ModelCard, build_card
 from .chain import InterceptorChain
 from .dbcache import DBCache, FirstBlockCache
 from .fixed_cadence import FixedCadence
@@ -23,5 +23,5 @@ from .teacache import TeaCache
 __all__ = [
     "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "Granularity",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
-    "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "schedule_of", "summarize",
+    "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "RunSummary", "build_card", "DiffusionFacts", "schedule_of", "summarize",
 ]

@@ -13,6 +13,9 @@ from typing import Mapping
 from .base import Granularity
 
 
+BLOCKS_OFF = "transformer-block caching is off"  # how a card's note that blocks are off begins
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockGroup:
     """One run of blocks that share a ``patches_replace["dit"]`` name, e.g. Flux's 19 ``double_block``s.
@@ -55,7 +58,14 @@ class ModelCard:
     teacache: str | None = None
     magcache: str | None = None
     injecting_inputs: tuple[str, ...] = ()
-    blocks_off: str | None = None
+    # Why a level or a published curve the family has is not offered for this model (shown where a method that
+    # needs it is refused, and in docs/families.md).
+    notes: tuple[str, ...] = ()
+
+    @property
+    def blocks_off(self) -> str | None:
+        """Why transformer-block caching is off for this model, when it is off for a reason of its own."""
+        return next((n for n in self.notes if n.startswith(BLOCKS_OFF)), None)
 
     @property
     def total_blocks(self) -> int:
@@ -160,11 +170,24 @@ FAMILIES: dict[str, FamilySpec] = {
     "Boogu": FamilySpec("boogu", (), None, None, blocks_off="its forward has no block-replacement slots"),
 }
 
-# supported_models config classes that ComfyUI itself knows to be step-distilled.
+# supported_models config classes that ComfyUI itself knows to be step-distilled; a config matches when one of
+# these is anywhere in its MRO (ZImagePixelSpace is a ZImage).
 DISTILLED_CONFIGS: dict[str, str] = {
     "FluxSchnell": "Flux schnell, a 1-4 step distilled model",
     "HunyuanVideo15_SR_Distilled": "HunyuanVideo 1.5 SR distilled",
     "ZImage": "Z-Image Turbo, an 8-step distilled model",
+    # ComfyUI marks the checkpoint with ``causal_ar`` in its detected config and gives it its own config class;
+    # the released Causal Forcing / Self-Forcing weights are distilled to a few steps per frame block.
+    "WAN21_CausalAR_T2V": "Wan CausalAR, a Causal-Forcing / Self-Forcing model distilled to a few steps per frame",
+    "PiD": "PiD, a 4-step distilled pixel-space model",
+}
+# (config class anywhere in the MRO, unet_config key, value) -> why: distillation ComfyUI records in the detected
+# config rather than in a class of its own. Flux 2 [klein] has no guidance embedding (Flux 2 [dev] has one); its
+# undistilled "base" release shares the architecture and is told apart by nothing ComfyUI keeps.
+DISTILLED_SETTINGS: dict[tuple[str, str, object], str] = {
+    ("Flux2", "guidance_embed", False): "Flux 2 [klein], a 4-step distilled model (no guidance embedding; for the "
+                                        "undistilled klein base, which looks the same to ComfyUI, set "
+                                        "allow_distilled)",
 }
 # model_sampling classes (set by ModelSamplingDiscrete "lcm" and friends) that mark distillation.
 DISTILLED_SAMPLING: dict[str, str] = {
@@ -172,30 +195,127 @@ DISTILLED_SAMPLING: dict[str, str] = {
     "LCM": "an LCM-distilled sampling patch",
 }
 
+# The diffusion-model class (comfy.ldm) whose block loop each FAMILIES entry's layout was read from. A model
+# class that is not itself in FAMILIES inherits its closest ancestor's block level only when its diffusion model
+# is this class, or a subclass that leaves every method running the blocks to it. An entry missing here is never
+# inherited at block level (its own model class still gets it).
+FAMILY_DIFFUSION: dict[str, str] = {
+    "Flux": "Flux", "Flux2": "Flux", "Chroma": "Chroma", "ChromaRadiance": "ChromaRadiance",
+    "HunyuanVideo": "HunyuanVideo", "HunyuanVideoI2V": "HunyuanVideo", "HunyuanVideoSkyreelsI2V": "HunyuanVideo",
+    "HunyuanImage21": "HunyuanVideo", "HunyuanImage21Refiner": "HunyuanVideo", "HunyuanVideo15": "HunyuanVideo",
+    "HunyuanVideo15_SR_Distilled": "HunyuanVideo",
+    "WAN21": "WanModel", "WAN22": "WanModel", "WAN21_Vace": "VaceWanModel", "WAN21_Camera": "CameraWanModel",
+    "WAN21_HuMo": "HumoWanModel", "WAN22_S2V": "WanModel_S2V", "WAN22_Animate": "AnimateWanModel",
+    "QwenImage": "QwenImageTransformer2DModel", "SD3": "OpenAISignatureMMDITWrapper", "LTXV": "LTXVModel",
+    "AuraFlow": "MMDiT", "Kandinsky5": "Kandinsky5", "Kandinsky5Image": "Kandinsky5",
+}
+# Published TeaCache/MagCache curves apply to the model class they were measured on (the FAMILIES entry of that
+# very class). A subclass inherits them only where listed here: model class -> the FAMILIES entry whose curves
+# were shown to hold for it. Empty: none has been shown so far.
+INHERITED_CURVES: dict[str, str] = {}
 
-def build_card(model_class: str | tuple[str, ...], config_class: str = "", sampling_classes: tuple[str, ...] = (),
-               group_counts: Mapping[str, int] | None = None, block_hooks: bool = True) -> ModelCard:
+_RUNNER_NAMES = ("forward", "_forward", "forward_orig")
+
+
+def runs_blocks(method: str) -> bool:
+    """Whether a diffusion-model method of this name may run the transformer blocks: the forward chain ComfyUI's
+    models use (forward, _forward, forward_orig) and any method named after blocks (forward_block,
+    _process_transformer_blocks, ...)."""
+    return method in _RUNNER_NAMES or "block" in method
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionFacts:
+    """What the adapter read from a loaded diffusion model (``model.model.diffusion_model``), as names.
+
+    ``mro``: its class and ancestors, most derived first. ``runners``: ``(method, class)`` for every method
+    :func:`runs_blocks` accepts that a class of ``mro`` defines itself."""
+
+    mro: tuple[str, ...]
+    runners: tuple[tuple[str, str], ...] = ()
+
+
+def block_inheritance_problem(ancestor: str, diffusion: DiffusionFacts | None) -> str | None:
+    """Why a model whose closest known ancestor is the FAMILIES entry ``ancestor`` may not use that entry's block
+    layout, or None when it may (its diffusion model runs the very same block loop)."""
+    reference = FAMILY_DIFFUSION.get(ancestor)
+    if reference is None:
+        return f"the block layout of {ancestor} is not recorded against a diffusion-model class"
+    if diffusion is None or not diffusion.mro:
+        return "the diffusion model it runs is unknown"
+    own = diffusion.mro[0]
+    if own == reference:
+        return None
+    if reference not in diffusion.mro:
+        return f"its diffusion model {own} is not {ancestor}'s {reference}"
+    inherited = set(diffusion.mro[diffusion.mro.index(reference):])
+    overridden = sorted({method for method, owner in diffusion.runners if owner not in inherited})
+    if overridden:
+        return (f"its diffusion model {own} subclasses {ancestor}'s {reference} but runs the blocks its own way "
+                f"({', '.join(overridden)})")
+    return None
+
+
+def distilled_reason(config_mro: tuple[str, ...], settings: Mapping[str, object] | None = None,
+                     sampling_classes: tuple[str, ...] = ()) -> str | None:
+    """Why ComfyUI's own objects mark the model as step-distilled, or None."""
+    for cls in config_mro:
+        if cls in DISTILLED_CONFIGS:
+            return DISTILLED_CONFIGS[cls]
+    for (cls, key, value), why in DISTILLED_SETTINGS.items():
+        if cls in config_mro and settings and key in settings and settings[key] == value \
+                and type(settings[key]) is type(value):
+            return why
+    for cls in sampling_classes:
+        if cls in DISTILLED_SAMPLING:
+            return DISTILLED_SAMPLING[cls]
+    return None
+
+
+def build_card(model_class: str | tuple[str, ...], config_class: str | tuple[str, ...] = "",
+               sampling_classes: tuple[str, ...] = (), group_counts: Mapping[str, int] | None = None,
+               block_hooks: bool = True, diffusion: DiffusionFacts | None = None,
+               config_settings: Mapping[str, object] | None = None) -> ModelCard:
     """The card for a model, from the names ComfyUI gives its parts.
 
-    ``model_class`` is the class name of ``model.model`` or its whole MRO (most derived first).
+    ``model_class`` is the class name of ``model.model`` or its whole MRO (most derived first); ``config_class``
+    the supported_models config's class name or MRO, ``config_settings`` its unet_config (plain values).
     ``group_counts`` maps a block group's attribute name to the number of blocks found on the loaded
     model; a family without counts (or without block hooks) is offered at whole-model level only.
+    ``diffusion`` describes the diffusion model, which decides whether a subclass of a known family may use
+    the family's block layout (:func:`block_inheritance_problem`).
     """
     mro = (model_class,) if isinstance(model_class, str) else tuple(model_class)
     model_class = mro[0]
-    # Variants ComfyUI adds later subclass a known family: use the closest known ancestor.
-    spec = next((FAMILIES[c] for c in mro if c in FAMILIES), None)
-    name = model_class if not config_class or config_class == model_class else f"{model_class} ({config_class})"
-    distilled = DISTILLED_CONFIGS.get(config_class)
-    for cls in sampling_classes:
-        distilled = distilled or DISTILLED_SAMPLING.get(cls)
-    if spec is None:
+    config_mro = (config_class,) if isinstance(config_class, str) else tuple(config_class)
+    config_mro = tuple(c for c in config_mro if c)
+    config_name = config_mro[0] if config_mro else ""
+    name = model_class if not config_name or config_name == model_class else f"{model_class} ({config_name})"
+    distilled = distilled_reason(config_mro, config_settings, sampling_classes)
+    # Variants ComfyUI adds later subclass a known family: the closest known ancestor names the family.
+    key = next((c for c in mro if c in FAMILIES), None)
+    if key is None:
         return ModelCard(name, model_class.lower(), frozenset({Granularity.MODEL}), distilled=distilled)
+    spec = FAMILIES[key]
+    notes = [f"{BLOCKS_OFF} for {model_class}: {spec.blocks_off}"] if spec.blocks_off else []
     counts = group_counts or {}
     groups = tuple(dataclasses.replace(g, count=int(counts.get(g.attribute, 0))) for g in spec.groups)
     groups = tuple(g for g in groups if g.count > 0)
+    if key != model_class and groups:
+        problem = block_inheritance_problem(key, diffusion)
+        if problem is not None:
+            notes.append(f"{BLOCKS_OFF} for {model_class}: it subclasses {key}, but {problem}, "
+                         f"so {key}'s block layout may not hold; whole-model methods (Fixed Cadence, Adaptive Cache) "
+                         f"work on it")
+            groups = ()
+    teacache, magcache = spec.teacache, spec.magcache
+    if key != model_class and INHERITED_CURVES.get(model_class) != key:
+        if teacache or magcache:
+            notes.append(f"the published TeaCache/MagCache curves of {key} were measured on {key} itself, not on "
+                         f"{model_class}")
+        teacache = magcache = None
     levels = {Granularity.MODEL}
     if groups and block_hooks:
         levels.add(Granularity.BLOCKS)
-    return ModelCard(name, spec.family, frozenset(levels), groups, distilled, spec.teacache, spec.magcache,
-                     spec.injecting_inputs, spec.blocks_off)
+    return ModelCard(name, spec.family, frozenset(levels), groups, distilled, teacache, magcache,
+                     spec.injecting_inputs, tuple(notes))

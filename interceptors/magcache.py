@@ -104,7 +104,10 @@ class MagCache(Decider):
 
     def check_model(self, card: "ModelCard") -> list[str]:
         if self.curve(card) is None:
-            return [f"{self.label}: no published MagCache ratios for {card.name}. Run the MagCache Calibrate node "
+            measured = "".join(f" ({n})" for n in card.notes if "curves" in n)
+            return [f"{self.label}: no published MagCache ratios for {card.name}{measured}. Pick a model_type "
+                    f"explicitly if you know the model behaves like one of the published ones, or run the MagCache "
+                    f"Calibrate node "
                     f"once and paste its ratios into 'custom_ratios' (model_type 'custom'), or use the Adaptive "
                     f"Cache node, which needs no calibration."]
         return []

@@ -63,9 +63,14 @@ class TeaCache(Decider):
         return COEFFICIENTS.get(key) if key else None
 
     def check_model(self, card: "ModelCard") -> list[str]:
-        if card.family not in SIGNAL_FAMILIES or (self.model_type == "auto" and card.teacache is None):
+        if card.family not in SIGNAL_FAMILIES:
             return [f"{self.label}: TeaCache needs a rescale polynomial fitted for the model, and none is published "
                     f"for {card.name}. Use the Adaptive Cache node (any model, no fitting) or DBCache instead."]
+        if self.model_type == "auto" and card.teacache is None:
+            measured = "".join(f" ({n})" for n in card.notes if "curves" in n)
+            return [f"{self.label}: TeaCache needs a rescale polynomial fitted for the model, and none is published "
+                    f"for {card.name}{measured}. Pick a model_type explicitly if you know the model behaves like one "
+                    f"of the fitted ones, or use the Adaptive Cache node (any model, no fitting) or DBCache instead."]
         return []
 
     @dataclasses.dataclass

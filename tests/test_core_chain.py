@@ -89,7 +89,9 @@ def test_model_validation_block_level_and_distilled():
 def test_unknown_model_gets_whole_model_card_and_subclass_inherits_family():
     card = ic.build_card(("SomethingNew", "BaseModel"))
     assert card.levels == frozenset({ic.Granularity.MODEL})
-    variant = ic.build_card(("WAN21_SomeVariant", "WAN21", "BaseModel"), group_counts={"blocks": 3})
+    # a subclass running Wan's own diffusion model inherits its block layout
+    variant = ic.build_card(("WAN21_SomeVariant", "WAN21", "BaseModel"), group_counts={"blocks": 3},
+                            diffusion=ic.DiffusionFacts(("WanModel",), (("forward", "WanModel"),)))
     assert variant.family == "wan" and ic.Granularity.BLOCKS in variant.levels
 
 

@@ -695,3 +695,89 @@ class StreamOffset:
 
 
 TEST_NODES.update({"TestStreamOffset": StreamOffset})
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Every supported_models config of the running ComfyUI, built tiny (tests/tiny_configs.py).
+# ------------------------------------------------------------------------------------------------------------
+
+class TinyConfigModel:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"config": ("STRING", {"default": "Flux"}), "seed": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    def load(self, config, seed):
+        import tiny_configs
+        return (tiny_configs.build(config, seed),)
+
+
+class TinyConfigConditioning:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"config": ("STRING", {"default": "Flux"})}}
+
+    RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, config):
+        import tiny_configs
+        return tiny_configs.conditioning(config)
+
+
+class TinyConfigLatent:
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"config": ("STRING", {"default": "Flux"})}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    def make(self, config):
+        import tiny_configs
+        return (tiny_configs.latent(config),)
+
+
+@_fresh
+class CountForwards:
+    """Counts the diffusion model's real forwards into ``CAPTURED[key]["forwards"]``: a torch forward pre-hook on
+    the diffusion model, registered for the length of each sampling run (its OUTER_SAMPLE wrapper) and removed
+    after it. Works for every model, SD3 included, whose forward has no DIFFUSION_MODEL wrapper; a forward the
+    pack skips never reaches it."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "key": ("STRING", {"default": "forwards"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    def patch(self, model, key):
+        from comfy.patcher_extension import WrappersMP
+        record = CAPTURED.setdefault(key, {})
+        record.update(forwards=0, runs=0)
+        m = model.clone()
+
+        def count(module, args):
+            record["forwards"] += 1
+
+        def outer(executor, *args, **kwargs):
+            handle = executor.class_obj.model_patcher.model.diffusion_model.register_forward_pre_hook(count)
+            try:
+                return executor(*args, **kwargs)
+            finally:
+                handle.remove()
+                record["runs"] += 1
+
+        m.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, "count_forwards", outer)
+        return (m,)
+
+
+TEST_NODES.update({"TestTinyConfigModel": TinyConfigModel, "TestTinyConfigConditioning": TinyConfigConditioning,
+                   "TestTinyConfigLatent": TinyConfigLatent, "TestCountForwards": CountForwards})
