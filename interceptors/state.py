@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
@@ -216,6 +217,8 @@ class LoopState:
         self.caches: dict[BranchKey, BranchCache] = {}
         self.records: list[EvaluationRecord] = []
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
+        self.off = False  # caching switched off for the whole run (switch_off): every forward computed in full
+        self._off_lock = threading.Lock()
         self.foreign_slot_forwards = 0  # forwards in which another patch served some of the pack's block slots
         self.deferred: list = []  # (tensors, then): device values to read with the next transfer (read_later)
         self.evaluation: Evaluation | None = None
@@ -397,6 +400,15 @@ class LoopState:
         if message not in self.notes:
             self.notes.append(message)
             log.warning("Cached Sampler: %s", message)
+
+    def switch_off(self, message: str) -> None:
+        """Switch caching off for the rest of the run and say why, once (``message`` goes to the notes). From then
+        on the adapter hands every forward, block and conds list straight to the model and keeps nothing of them.
+        Safe to call from several threads at once: one of them notes it, every one of them sees ``off``."""
+        with self._off_lock:
+            if not self.off:
+                self.note(message)
+                self.off = True
 
     # -- typed interceptor state ---------------------------------------------------------------------
     def state_of(self, interceptor) -> Any:
