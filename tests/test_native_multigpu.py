@@ -143,7 +143,16 @@ def _prompt(chain=None, order="sampler", multi=True):
     return prompt
 
 
+def _forget_dead_models():
+    """Drop ComfyUI's loaded-model entries whose ModelPatcher is gone. MultiGPU CFG Split looks for a clone to
+    reuse among ``loaded_models()`` and reads ``.model`` of each, which is None for such an entry (the tests
+    build and drop many models): the node would fail for reasons that have nothing to do with the pack."""
+    import comfy.model_management as mm
+    mm.current_loaded_models[:] = [m for m in mm.current_loaded_models if m.model is not None]
+
+
 def _sample(comfy, prompt, caplog):
+    _forget_dead_models()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="cached_sampler"):
         _, ui = comfy.run(prompt)
@@ -190,6 +199,15 @@ def test_caching_under_native_multigpu_is_switched_off_with_a_note_and_equals_un
     ComfyUI's deep clones carry the pack's wrappers): the model computes every forward and block the uncached
     multi-GPU run computes, on the same devices, the latent is bit-identical, and the run says so once."""
     assert _problems(multigpu, caplog, CHAINS[name], order) == []
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_a_forward_from_a_device_thread_switches_the_run_off_by_itself(multigpu, caplog, monkeypatch, name):
+    """The second line of defence: with the sampler-side detection taken out, the first forward that a device's
+    thread runs (``multigpu_thread_device`` in its options) switches the run off, the threads racing to do it
+    under the run's lock, before anything was cached: the same equality, and the note said once."""
+    monkeypatch.setattr(multigpu.module("comfy_adapter"), "native_multigpu", lambda model_options: False)
+    assert _problems(multigpu, caplog, CHAINS[name], "sampler") == []
 
 
 @pytest.mark.parametrize("name", list(CHAINS))
