@@ -139,8 +139,9 @@ def native_multigpu(model_options: dict) -> bool:
 def multigpu_note(model_options: dict) -> str:
     devices = model_options.get(MULTIGPU_CLONES_KEY) or {}
     where = f" ({', '.join(str(d) for d in devices)})" if devices else ""
-    return (f"ComfyUI's native multi-GPU (MultiGPU CFG Split) ran this run's conditionings on {len(devices) or 'several'}"
-            f" devices{where} at once, one thread each: caching was switched off for the run, every step was "
+    count = len(devices) or "several"
+    return (f"ComfyUI's native multi-GPU (MultiGPU CFG Split) ran this run's conditionings on {count} devices{where}"
+            f" at once, one thread each: caching was switched off for the run, every step was "
             f"computed in full and the output is plain sampling's. To cache, sample on one device (without "
             f"MultiGPU CFG Split).")
 

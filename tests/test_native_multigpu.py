@@ -11,6 +11,7 @@ thread. What the model computed is counted at the model, per device, under a loc
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 
@@ -67,8 +68,8 @@ class ReloadableTinyModel:
 
 class DeviceLog:
     """Logs into ``CAPTURED[key]`` every diffusion-model forward (device, thread, branches) and every block that
-    ran (device, batch rows), under a lock: the devices' threads run at once. Registered before any caching, so the pack's
-    block replacements chain to its block counters and call them only for blocks that really run."""
+    ran (device, batch rows), under a lock: the devices' threads run at once. Registered before any caching, so
+    the pack's block replacements chain to its block counters and call them only for blocks that really run."""
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -92,8 +93,8 @@ class DeviceLog:
         def forward(executor, x, *args, **kwargs):
             options = transformer_options_of(args, kwargs)
             with lock:
-                log["forwards"].append((str(options.get("multigpu_thread_device")), threading.current_thread().name,
-                                        tuple(options.get("cond_or_uncond") or ())))
+                log["forwards"].append((str(options.get("multigpu_thread_device")),
+                                        threading.current_thread().name, tuple(options.get("cond_or_uncond") or ())))
             return executor(x, *args, **kwargs)
 
         def block(args, extra):
@@ -146,8 +147,10 @@ def _prompt(chain=None, order="sampler", multi=True):
 def _forget_dead_models():
     """Drop ComfyUI's loaded-model entries whose ModelPatcher is gone. MultiGPU CFG Split looks for a clone to
     reuse among ``loaded_models()`` and reads ``.model`` of each, which is None for such an entry (the tests
-    build and drop many models): the node would fail for reasons that have nothing to do with the pack."""
+    build and drop many models): the node would fail for reasons that have nothing to do with the pack. Garbage
+    is collected first, so no patcher of an earlier prompt dies during the next one."""
     import comfy.model_management as mm
+    gc.collect()
     mm.current_loaded_models[:] = [m for m in mm.current_loaded_models if m.model is not None]
 
 
