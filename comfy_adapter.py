@@ -20,6 +20,12 @@ The hooks:
   block slots for that one call (Skip Layer Guidance's extra pass) is computed in full and never cached, and
   a run in which that happened to every forward says so in a note.
 
+Under ComfyUI's native multi-GPU path (``model_options["multigpu_clones"]``, set by its MultiGPU CFG Split node)
+the conds of one evaluation run on several devices at once, each from a thread of its own, and every thread
+reaches these wrappers and block replacements with the same run state. The pack does not cache there: the
+run is switched off at its first evaluation with a note, and every hook hands its work straight to the model
+(:func:`native_multigpu`).
+
 A chain is refused, before anything is sampled, where it could not be right: on a model that ComfyUI's
 EasyCache/LazyCache already caches, and, for interceptors that work inside the transformer blocks, on a
 model compiled by TorchCompileModel (whose compile wrapper drops the guards on transformer_options, so the
@@ -142,6 +148,39 @@ def conflicts(chain: InterceptorChain, model_options: dict, wrappers: dict) -> l
     return problems
 
 
+# What ComfyUI's native multi-GPU path puts into the options (comfy/samplers.py, _calc_cond_batch_multigpu).
+MULTIGPU_CLONES_KEY = "multigpu_clones"           # model_options: device -> the model clone that runs there
+MULTIGPU_DEVICE_KEY = "multigpu_thread_device"    # transformer_options of a forward run by a device's thread
+
+
+def native_multigpu(model_options: dict) -> bool:
+    """Whether ComfyUI spreads this evaluation's conds over several devices (its native multi-GPU path, which
+    runs them concurrently from a thread pool). The same test ComfyUI's own cond batching makes."""
+    return MULTIGPU_CLONES_KEY in model_options
+
+
+def multigpu_note(model_options: dict) -> str:
+    devices = model_options.get(MULTIGPU_CLONES_KEY) or {}
+    where = f" ({', '.join(str(d) for d in devices)})" if devices else ""
+    count = len(devices) or "several"
+    return (f"ComfyUI's native multi-GPU (MultiGPU CFG Split) ran this run's conditionings on {count} devices{where}"
+            f" at once, one thread each: caching was switched off for the run, every step was "
+            f"computed in full and the output is plain sampling's. To cache, sample on one device (without "
+            f"MultiGPU CFG Split).")
+
+
+def _active_run(transformer_options: dict) -> LoopState | None:
+    """The run a forward or block may cache for, or None: no run, caching switched off for it, or a forward
+    that a multi-GPU worker thread runs (never cached; switches the run off if nothing had yet)."""
+    run = transformer_options.get(STATE_KEY)
+    if run is None or run.off:
+        return None
+    if MULTIGPU_DEVICE_KEY in transformer_options:
+        run.switch_off(multigpu_note({}))
+        return None
+    return run
+
+
 def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, cache_on_cpu: bool = False,
             on_run_end: Callable | None = None, on_evaluation: Callable | None = None,
             schedule: tuple[int, int] | None = None, rank_group: Callable[[], RankGroup | None] | None = None):
@@ -198,10 +237,9 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             _check_guider(run, guidance, guider)
         options = guider.model_options.setdefault("transformer_options", {})
         if adaptive_step(run.sampler):
-            run.caching_off = True
-            run.note(f"{sampler_name(run.sampler)} picks its own steps by error control, and skipped or estimated "
-                     f"model work would defeat it (it answers with more steps, not fewer): caching was switched "
-                     f"off for this run, and every evaluation was computed.")
+            run.switch_off(f"{sampler_name(run.sampler)} picks its own steps by error control, and skipped or "
+                           f"estimated model work would defeat it (it answers with more steps, not fewer): caching "
+                           f"was switched off for this run, and every evaluation was computed.")
         options[STATE_KEY] = run
         started = time.perf_counter()
         try:
@@ -224,6 +262,10 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         if AR_STATE_KEY in model_options["transformer_options"]:
             run.note(AR_NOTE)  # every forward extends the sampler's KV cache: none may be skipped
             return executor(x, timestep, model_options, seed)
+        if not run.off and native_multigpu(model_options):
+            # ComfyUI set the clones up before the run's first evaluation: nothing has been cached yet. The
+            # evaluation is still recorded here, on the sampler's thread; the devices' threads touch nothing.
+            run.switch_off(multigpu_note(model_options))
         # the sigma stays on the device until the evaluation's first transfer to the host (its decision's)
         run.begin_evaluation(timestep).from_sampler = True
         try:
@@ -232,7 +274,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             run.end_evaluation()
 
     def apply_model(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options={}, **kw):
-        run = transformer_options.get(STATE_KEY)
+        run = _active_run(transformer_options)
         if run is None or AR_STATE_KEY in transformer_options:
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
         # a sampler's evaluation knows its sigma (None): reading ``t`` on every forward would stall the device
@@ -256,7 +298,9 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
 
     def calc_cond_batch(executor, model, conds, x_in, timestep, model_options):
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
-        if run is None or AR_STATE_KEY in model_options["transformer_options"]:
+        if run is not None and not run.off and native_multigpu(model_options):
+            run.switch_off(multigpu_note(model_options))
+        if run is None or run.off or AR_STATE_KEY in model_options["transformer_options"]:
             return executor(model, conds, x_in, timestep, model_options)
         window = model_options["transformer_options"].get("context_window")
         return guided_batch(run, guidance, conds, x_in, timestep,
@@ -501,7 +545,7 @@ def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...]
             run_block = lambda a: previous(a, dict(extra, original_block=original))  # noqa: E731
         else:
             run_block = original
-        run = (args.get("transformer_options") or {}).get(STATE_KEY)
+        run = _active_run(args.get("transformer_options") or {})
         if run is None:
             return run_block(args) if packed_as else as_outputs(run_block(args), out_keys)
         if packed_as is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
@@ -209,7 +210,6 @@ class LoopState:
         self.chain = chain
         self.sampler = sampler  # what integrates the run (sampler function and its options), for plans made on it
         self.cfg = cfg          # the guider's cfg, when it has one
-        self.caching_off = False  # every evaluation computes (a sampler caching would defeat; said in a note)
         self.estimator = chain.estimator
         # looked up once: the engine asks for them on every forward and every block
         self.model_decider = chain.decider(Granularity.MODEL)
@@ -228,6 +228,8 @@ class LoopState:
         self.caches: dict[BranchKey, BranchCache] = {}
         self.records: list[EvaluationRecord] = []
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
+        self.off = False  # caching switched off for the whole run (switch_off): every forward computed in full
+        self._off_lock = threading.Lock()
         self.foreign_slot_forwards = 0  # forwards in which another patch served some of the pack's block slots
         self.deferred: list = []  # (tensors, then): device values to read with the next transfer (read_later)
         self.evaluation: Evaluation | None = None
@@ -389,8 +391,8 @@ class LoopState:
 
     def forced(self, decider: Decider, ev: Evaluation) -> bool:
         """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step,
-        sigma 0 and every evaluation outside its start/end percent window; every one when caching is off."""
-        return self.caching_off or ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
+        sigma 0 and every evaluation outside its start/end percent window."""
+        return ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
 
     def skipped(self, decider: Decider) -> None:
         """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""
@@ -417,6 +419,15 @@ class LoopState:
         if message not in self.notes:
             self.notes.append(message)
             log.warning("Cached Sampler: %s", message)
+
+    def switch_off(self, message: str) -> None:
+        """Switch caching off for the rest of the run and say why, once (``message`` goes to the notes). From then
+        on the adapter hands every forward, block and conds list straight to the model and keeps nothing of them.
+        Safe to call from several threads at once: one of them notes it, every one of them sees ``off``."""
+        with self._off_lock:
+            if not self.off:
+                self.note(message)
+                self.off = True
 
     # -- typed interceptor state ---------------------------------------------------------------------
     def state_of(self, interceptor) -> Any:

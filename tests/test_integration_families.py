@@ -168,6 +168,7 @@ def test_a_family_whose_blocks_bypass_the_slots_is_refused_block_level_with_its_
     assert card.levels == frozenset({ic.Granularity.MODEL}) and card.blocks_off
     prompt = prompt_for(family)
     graphs.sampler(prompt, "CachedSampler", chain=first_block_cache(prompt, 1.0), model="count", steps=STEPS)
+    prompt["sampler"]["inputs"]["allow_distilled"] = True  # it is also distilled: the block level is the point here
     CAPTURED.pop("out", None)
     error = comfy.run(copy.deepcopy(prompt), expect_error=True)[1]["error"]
     assert error is not None and error["node_id"] == "sampler", error

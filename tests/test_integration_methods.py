@@ -11,8 +11,10 @@ import graphs
 import tiny_models
 from tiny_nodes import CAPTURED
 
-BLOCK_FAMILIES = [f for f in tiny_models.FAMILIES if tiny_models.block_groups(f) and f != "flux_schnell"]
-ALL_FAMILIES = [f for f in tiny_models.FAMILIES if f != "flux_schnell"]
+# Step-distilled models are refused without allow_distilled (tests/test_safety_compat.py, tests/test_families.py)
+DISTILLED = ("flux_schnell", "wan_causal")
+BLOCK_FAMILIES = [f for f in tiny_models.FAMILIES if tiny_models.block_groups(f) and f not in DISTILLED]
+ALL_FAMILIES = [f for f in tiny_models.FAMILIES if f not in DISTILLED]
 WINDOW = dict(start_percent=0.0, end_percent=1.0)
 
 # name: (node type, inputs that never skip, inputs that skip on random weights, families)
