@@ -1,7 +1,7 @@
 """Tiny class-conditional Flux model on 8x8 handwritten digits.
 
 A small but *real* diffusion model built from ComfyUI's own Flux classes
-(``comfy.supported_models.FluxSchnell`` -> ``comfy.model_base.Flux`` ->
+(``comfy.supported_models.Flux`` with FluxSchnell's sampling -> ``comfy.model_base.Flux`` ->
 ``comfy.ldm.flux.model.Flux``), so that sampler caching can be measured on
 genuine step-to-step behaviour instead of synthetic functions.
 
@@ -103,10 +103,15 @@ def init_weights(diffusion_model, std=0.02):
 
 
 @functools.lru_cache(maxsize=1)
-def _digits_config_class(flux_schnell):
-    """FluxSchnell's sampling settings (multiplier 1, shift 1) under its own name: the digits model is
-    trained for many-step sampling, not step-distilled like Flux schnell."""
-    return type("DigitsFlux", (flux_schnell,), {"__doc__": "Tiny many-step Flux trained on 8x8 digits."})
+def _digits_config_class(flux, flux_schnell):
+    """A Flux config with FluxSchnell's sampling (the FLOW model type, multiplier 1, shift 1: ComfyUI's own
+    settings and ``get_model``, borrowed), under its own name and not a subclass of FluxSchnell: the digits
+    model is trained for many-step sampling, not step-distilled like Flux schnell, and the pack recognises a
+    distilled config by its ancestry."""
+    return type("DigitsFlux", (flux,), {"__doc__": "Tiny many-step Flux trained on 8x8 digits.",
+                                        "unet_config": dict(flux_schnell.unet_config),
+                                        "sampling_settings": dict(flux_schnell.sampling_settings),
+                                        "get_model": flux_schnell.get_model})
 
 
 def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.float32):
@@ -122,7 +127,7 @@ def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.flo
     import comfy.supported_models
 
     config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
-    model_config = _digits_config_class(comfy.supported_models.FluxSchnell)(config)
+    model_config = _digits_config_class(comfy.supported_models.Flux, comfy.supported_models.FluxSchnell)(config)
     model_config.set_inference_dtype(dtype, None)
     model = model_config.get_model({})
     if initialise:
