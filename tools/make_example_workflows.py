@@ -29,6 +29,22 @@ sys.path.insert(0, str(ROOT / "tools"))
 import workflow_api  # noqa: E402
 
 SLOT_H, WIDGET_H, TITLE_H = 20, 24, 30
+MODEL_EXTENSIONS = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".sft", ".gguf")
+
+HF = "https://huggingface.co"
+# Every model file an example loads, with the folder of ComfyUI/models/ it belongs in and where to download it:
+# the official release, at the address ComfyUI's own workflow templates use for the same file. Written into the
+# loader node's properties.models, which both frontends' missing-models panel reads (name, url, directory).
+MODEL_FILES = {
+    "flux1-dev.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/flux1-dev/resolve/main/flux1-dev.safetensors"),
+    "clip_l.safetensors": ("text_encoders", f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/clip_l.safetensors"),
+    "t5xxl_fp16.safetensors": ("text_encoders", f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/t5xxl_fp16.safetensors"),
+    "ae.safetensors": ("vae", f"{HF}/Comfy-Org/z_image_turbo/resolve/main/split_files/vae/ae.safetensors"),
+    "sd_xl_base_1.0.safetensors": ("checkpoints", f"{HF}/stabilityai/stable-diffusion-xl-base-1.0/resolve/main/sd_xl_base_1.0.safetensors"),
+    "wan2.1_t2v_1.3B_fp16.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors"),
+    "umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("text_encoders", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
+    "wan_2.1_vae.safetensors": ("vae", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/vae/wan_2.1_vae.safetensors"),
+}
 
 
 def note(text: str) -> dict:
@@ -106,9 +122,17 @@ class Graph:
             width = n["size"][0] if n["size"] else 320
             rows = max(len(sockets), len(outputs))
             height = n["size"][1] if n["size"] else rows * SLOT_H + len(widgets) * WIDGET_H + 16
+            properties = {"Node name for S&R": n["type"]}
+            files = [v for v in widgets if isinstance(v, str) and v.endswith(MODEL_EXTENSIONS)]
+            unknown = [f for f in files if f not in MODEL_FILES]
+            if unknown:
+                raise ValueError(f"{n['type']}: add {unknown} to MODEL_FILES (folder and download address)")
+            if files:
+                properties["models"] = [{"name": f, "url": MODEL_FILES[f][1], "directory": MODEL_FILES[f][0]}
+                                        for f in files]
             node = {"id": n["id"], "type": n["type"], "pos": n["pos"], "size": [width, height], "flags": {},
                     "order": 0, "mode": 0, "inputs": sockets, "outputs": outputs,
-                    "properties": {"Node name for S&R": n["type"]}, "widgets_values": widgets}
+                    "properties": properties, "widgets_values": widgets}
             if n["title"]:
                 node["title"] = n["title"]
             if n["color"]:
