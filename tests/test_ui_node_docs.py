@@ -82,6 +82,11 @@ def test_a_prose_text_without_its_chinese_stops_the_generator(defs, monkeypatch)
         make_node_docs.build(defs)
 
 
+def test_the_translation_memory_holds_exactly_the_prose():
+    memory = json.loads(make_node_docs.MEMORY.read_text(encoding="utf-8"))
+    assert sorted(memory) == sorted(make_node_docs.english_texts()), "stale or missing texts in tools/node_docs_zh.json"
+
+
 def test_comfyui_serves_the_pages_where_the_frontend_asks(comfy, defs):
     # The frontend's extractCustomNodeName: the second part of python_module, before any '@'.
     pack = defs["CachedSampler"]["python_module"].split(".")[1].split("@")[0]
