@@ -37,6 +37,7 @@ CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 PLAYWRIGHT = ROOT / ".browser" / "node_modules"
 WORKFLOW = "tiny_digits_tuning_plot"
 EXAMPLES = sorted(p.stem for p in (ROOT / "example_workflows").glob("*.json"))
+MODEL_FILES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".sft", ".gguf")
 ARTIFACTS = ROOT / "artifacts"
 SERVER_START_S, BROWSER_S = 180, 240
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -297,12 +298,15 @@ def drive(url: str, tmp: Path, shot: Path, mode: str) -> dict:
 
 
 def offsite_not_ours(message: str, workflow_text: str) -> bool:
-    """A blocked fetch from another host that the workflow does not name: newer frontends look up the sizes of
-    the default graph's model files online (the server's Content Security Policy blocks it), whenever that
-    happens to finish."""
-    urls = re.findall(r"https?://[^\s'\"]+", message)
-    return "Content Security Policy" in message and bool(urls) and not any(
-        u.rstrip(".") in workflow_text for u in urls)
+    """The frontend looking up model files online for its missing-models panel, which the server's Content
+    Security Policy blocks here: the default graph's files (newer frontends, whenever that happens to finish)
+    and the files an example names in its loaders' properties.models (their sizes, for the download dialog),
+    with the error the frontend logs for each size it could not fetch."""
+    if message.startswith("Error fetching file size: TypeError: Failed to fetch"):
+        return True
+    urls = [u.rstrip(".") for u in re.findall(r"https?://[^\s'\"]+", message)]
+    return "Content Security Policy" in message and bool(urls) and all(
+        u not in workflow_text or u.split("?")[0].endswith(MODEL_FILES) for u in urls)
 
 
 def test_without_the_extension_the_node_still_shows_the_summary_text(comfy_server):
@@ -323,7 +327,15 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "browser_tiny_digits.png"
     result = drive(url, tmp, shot, "full")
-    for name in EXAMPLES:
+    import make_example_workflows
+    with urllib.request.urlopen(f"{url}/api/object_info", timeout=120) as response:
+        defs = json.loads(response.read())
+    # A template written for newer node definitions (LTX-2's) reads back other widget values on an older
+    # ComfyUI: it is checked where its nodes are as it was written for.
+    newer = {name: missing for name in EXAMPLES if (missing := make_example_workflows.missing_requirements(name, defs))}
+    if newer:
+        warnings.warn(f"not checked on this ComfyUI, which lacks what they need: {newer}")
+    for name in (n for n in EXAMPLES if n not in newer):
         example = result["examples"][name]
         assert example["missing"] == [], f"{name}: missing node types {example['missing']}"
         assert example["nodes"] == example["expected"] and example["links"] == example["expectedLinks"], example

@@ -61,7 +61,10 @@ def load(name):
 
 def test_every_example_has_a_thumbnail_and_the_required_ones_exist():
     assert set(NAMES) >= {"flux_dbcache_taylorseer", "wan21_adaptive_cache", "sdxl_adaptive_cache",
-                          "apply_interceptors_sampler_custom_advanced", RUNNABLE}
+                          "apply_interceptors_sampler_custom_advanced", RUNNABLE,
+                          "wan22_two_stage_first_block_cache", "qwen_image_magcache_calibrate",
+                          "hunyuan_video15_first_block_cache", "z_image_fixed_cadence_taylorseer",
+                          "ltx2_first_block_cache"}
     for name in NAMES:
         assert (EXAMPLES / f"{name}.jpg").is_file(), name
 
@@ -77,9 +80,18 @@ def test_template_endpoint_lists_and_serves_every_example(served):
         assert status == 200 and kind == "image/jpeg" and body[:2] == b"\xff\xd8"
 
 
+def skip_unless_this_comfyui_has_what_it_needs(name, defs):
+    """A template written for newer node definitions is checked only on a ComfyUI that has them."""
+    import make_example_workflows
+    missing = make_example_workflows.missing_requirements(name, defs)
+    if missing:
+        pytest.skip(f"{name} needs a newer ComfyUI than this one: it lacks {', '.join(missing)}")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_example_matches_the_node_definitions(defs, name):
     import folder_paths
+    skip_unless_this_comfyui_has_what_it_needs(name, defs)
     model_files = tuple(folder_paths.supported_pt_extensions)
     wf = load(name)
     nodes = {n["id"]: n for n in wf["nodes"]}
@@ -115,7 +127,8 @@ def test_example_matches_the_node_definitions(defs, name):
         assert target["link"] == link_id
         expected = workflow_api.ordered_inputs(defs[nodes[dst]["type"]])
         declared = {n: k for n, k, _ in expected}[target["name"]]
-        assert declared == kind or (isinstance(declared, list) and kind == "COMBO"), (target, kind)
+        assert declared == kind or (isinstance(declared, list) and kind == "COMBO") or \
+            (isinstance(declared, str) and kind in declared.split(",")), (target, kind)
     prompt = workflow_api.workflow_to_api(wf, defs)
     for entry in prompt.values():
         d = defs[entry["class_type"]]
@@ -123,9 +136,107 @@ def test_example_matches_the_node_definitions(defs, name):
             assert name in entry["inputs"], (entry["class_type"], name)
 
 
+def model_folders(comfy, node_types):
+    """{(node type, widget): models/ folder} as the running ComfyUI lists them: a probe file put in every model
+    folder shows which folder each loader widget offers."""
+    import folder_paths
+    import tempfile
+    saved = dict(folder_paths.folder_names_and_paths)
+    cache = dict(getattr(folder_paths, "filename_list_cache", {}))
+    probes = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for folder, (paths, extensions) in saved.items():
+                if folder in ("custom_nodes", "configs"):
+                    continue
+                path = Path(tmp) / folder
+                path.mkdir()
+                probe = f"probe-{folder}.safetensors"
+                (path / probe).write_bytes(b"")
+                probes[probe] = folder
+                folder_paths.folder_names_and_paths[folder] = (list(paths) + [str(path)], extensions)
+            if hasattr(folder_paths, "filename_list_cache"):
+                folder_paths.filename_list_cache.clear()
+            responses = serve(comfy, [f"/api/object_info/{t}" for t in sorted(node_types)])
+        finally:
+            folder_paths.folder_names_and_paths.clear()
+            folder_paths.folder_names_and_paths.update(saved)
+            if hasattr(folder_paths, "filename_list_cache"):
+                folder_paths.filename_list_cache.clear()
+                folder_paths.filename_list_cache.update(cache)
+    out = {}
+    for t in node_types:
+        status, _, body = responses[f"/api/object_info/{t}"]
+        assert status == 200, t
+        for name, kind, options in workflow_api.ordered_inputs(json.loads(body)[t]):
+            choices = kind if isinstance(kind, list) else options.get("options") or []
+            folders = {probes[c] for c in choices if c in probes}
+            if folders:
+                out[(t, name)] = folders
+    return out
+
+
+def official_urls():
+    """File name -> download addresses in ComfyUI's own workflow templates, where that package is installed."""
+    import importlib.util
+    spec = importlib.util.find_spec("comfyui_workflow_templates_json")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    urls = {}
+    for path in (Path(list(spec.submodule_search_locations)[0]) / "templates").glob("*.json"):
+        try:
+            wf = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        if not isinstance(wf, dict):
+            continue
+        nodes = list(wf.get("nodes", []))
+        for sub in wf.get("definitions", {}).get("subgraphs", []):
+            nodes += sub.get("nodes", [])
+        for n in nodes:
+            for m in (n.get("properties") or {}).get("models") or []:
+                if m.get("url"):
+                    urls.setdefault(m["name"], set()).add(m["url"].split("?")[0])
+    return urls
+
+
+def test_every_model_file_an_example_loads_says_where_to_download_it_and_in_which_folder(comfy, defs):
+    """What the frontend's missing-models panel reads: per loader node, properties.models = [{name, url,
+    directory}] for each file its widgets name, the directory being the models/ folder that widget lists."""
+    import folder_paths
+    model_files = tuple(folder_paths.supported_pt_extensions)
+    loaders = {}
+    for name in NAMES:
+        for node in load(name)["nodes"]:
+            if node["type"] in defs and any(isinstance(v, str) and v.endswith(model_files)
+                                            for v in node["widgets_values"]):
+                loaders.setdefault(node["type"], []).append((name, node))
+    assert {"UNETLoader", "CLIPLoader", "DualCLIPLoader", "VAELoader", "CheckpointLoaderSimple"} <= set(loaders)
+    folders = model_folders(comfy, set(loaders))
+    official = official_urls()
+    checked = 0
+    for kind, uses in loaders.items():
+        slots = workflow_api.widget_slots(defs[kind])
+        for name, node in uses:
+            entries = {m["name"]: m for m in node["properties"].get("models", [])}
+            for slot, value in zip(slots, node["widgets_values"]):
+                if not (isinstance(value, str) and value.endswith(model_files)):
+                    continue
+                entry = entries.get(value)
+                assert entry, f"{name}: {kind}.{slot} loads {value} with no properties.models entry"
+                assert entry["url"].startswith("https://") and entry["url"].split("?")[0].endswith("/" + value), entry
+                assert {entry["directory"]} == folders[(kind, slot)], (name, kind, slot, entry, folders[(kind, slot)])
+                if value in official:
+                    assert entry["url"] in official[value], (value, entry["url"], official[value])
+                checked += 1
+            assert set(entries) <= set(node["widgets_values"]), (name, kind, "an entry for a file it does not load")
+    assert checked >= 10
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_examples_are_in_sync_with_their_generator(defs, name):
     import make_example_workflows
+    skip_unless_this_comfyui_has_what_it_needs(name, defs)
     assert make_example_workflows.WORKFLOWS[name](defs) == load(name), \
         "the nodes changed: run python3 tools/make_example_workflows.py"
 

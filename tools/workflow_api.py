@@ -51,7 +51,8 @@ def ordered_inputs(node_def: dict) -> list[tuple[str, Any, dict]]:
 def is_widget(kind, options: dict) -> bool:
     if options.get("forceInput") or options.get("rawLink"):
         return False
-    return isinstance(kind, list) or kind in WIDGET_TYPES
+    # An input of several types ("FLOAT,INT") is a widget of the type it names in widgetType, as in the frontend.
+    return isinstance(kind, list) or kind in WIDGET_TYPES or options.get("widgetType") in WIDGET_TYPES
 
 
 def has_control_widget(name: str, kind, options: dict) -> bool:
