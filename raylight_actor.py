@@ -16,10 +16,13 @@ import sys
 def install(_node, model, pack_dir: str, package: str, payload: bytes):
     """What ``ray_patch`` runs on every actor (as ``patch_func(node, model, *args)``): the actor's model with the
     chain and options in ``payload`` installed, in place of any chain installed before (an actor keeps its
-    model across prompts). Under xDiT sequence parallelism the runs reduce their metrics and agree their
-    decisions over the actor's sequence-parallel group."""
+    model across prompts). An empty chain removes the one installed before and installs nothing: the actor's
+    model runs as if no chain had ever been there. Under xDiT sequence parallelism the runs reduce their metrics
+    and agree their decisions over the actor's sequence-parallel group."""
     adapter, distributed = _pack(pack_dir, package)
     chain, options = pickle.loads(payload)
+    if chain.empty:
+        return adapter.uninstall(model)
     sequence_ranks, _, process_group = _parallelism()
     rank_group = (lambda: distributed.group_of(process_group)) if sequence_ranks > 1 else None
     return adapter.install(adapter.uninstall(model), chain, rank_group=rank_group, **options)

@@ -36,6 +36,11 @@ MODES = ("cadence", "adaptive")
 # What stands in for the negative prediction on a step that skips it; measured on the digits model (README).
 ESTIMATES = ("difference forecast", "difference", "negative forecast", "negative reuse")
 POSITIVE, NEGATIVE = 0, 1
+# A branch's history (one per context window) is dropped once the evaluations this many before the current one
+# went without it: ComfyUI's uniform context schedules move their windows every step, and the histories of
+# windows gone would otherwise be held, tensors and all, until the run ends. Windows that stay (the static
+# schedule, no context windows) are used on every evaluation and never dropped.
+KEPT_EVALUATIONS = 2
 
 
 def _rows(sigma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -57,6 +62,7 @@ class GuidanceCache(Decider):
     @dataclasses.dataclass
     class RunState:
         active: bool = True        # False: the guider's layout or cfg 1 leaves nothing to do (said in a note)
+        tidied: int | None = None  # the evaluation whose unused histories were last dropped
 
     @dataclasses.dataclass
     class BranchState:
@@ -179,6 +185,10 @@ def guided_batch(run: "LoopState", gc: GuidanceCache, conds: list, x: torch.Tens
     if ev is None or not ev.from_sampler:
         ev = run.ensure_evaluation(float(sigma.flatten()[0]))
     record = ev.record
+    run_state = run.state_of(gc)
+    if run_state.tidied != ev.index:  # once per evaluation, before any of its windows is asked for
+        run_state.tidied = ev.index
+        run.forget_branches(gc, unused_since=ev.index - KEPT_EVALUATIONS)
     key = BranchKey(NEGATIVE, window, 0, tuple(x.shape), str(x.dtype))  # one history per context window
     state = run.branch_of(gc, key)
     step = run.model_decider

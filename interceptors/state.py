@@ -224,6 +224,7 @@ class LoopState:
         self.group = group
         self.run_states: dict[str, Any] = {}
         self.branch_states: dict[str, dict[BranchKey, Any]] = {}
+        self.branch_used: dict[str, dict[BranchKey, int]] = {}  # the evaluation each branch state was last asked for
         self.decision_records: dict[str, DecisionRecord] = {d.id: DecisionRecord() for d in chain.deciders}
         self.caches: dict[BranchKey, BranchCache] = {}
         self.records: list[EvaluationRecord] = []
@@ -443,7 +444,21 @@ class LoopState:
         state = states.get(key)
         if state is None:
             state = states[key] = _new_state(interceptor, "BranchState")
+        self.branch_used.setdefault(interceptor.id, {})[key] = (
+            self.evaluation.index if self.evaluation is not None else len(self.records))
         return state
+
+    def forget_branches(self, interceptor, unused_since: int) -> int:
+        """Drop ``interceptor``'s branch states not asked for (:meth:`branch_of`) in evaluation ``unused_since`` or
+        any later one, so that their tensors are freed now rather than when the run ends: branches that do not
+        come back (the moving context windows of ComfyUI's uniform schedules). The number dropped."""
+        used = self.branch_used.get(interceptor.id, {})
+        states = self.branch_states.get(interceptor.id, {})
+        stale = [key for key, index in used.items() if index < unused_since]
+        for key in stale:
+            del used[key]
+            states.pop(key, None)
+        return len(stale)
 
     # -- caches -----------------------------------------------------------------------------------
     def keep(self, parts: dict | None, copy: bool = True) -> dict:
@@ -500,6 +515,7 @@ class LoopState:
         deciders (``keeps_results``), whose recordings are the run's result."""
         self.caches.clear()
         self.branch_states.clear()
+        self.branch_used.clear()
         self.deferred.clear()
         for interceptor in self.chain:
             if not interceptor.keeps_results:

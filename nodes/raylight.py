@@ -13,7 +13,7 @@ from comfy_api.latest import io
 
 from .. import raylight_actor
 from ..interceptors import InterceptorError
-from .common import CATEGORY, PREFIX, as_chain, chain_input, node_label
+from .common import CATEGORY, PREFIX, Chain, as_chain, node_label
 from .sampler import safety_inputs
 
 RayActors = io.Custom("RAY_ACTORS")
@@ -31,7 +31,8 @@ def raylight_patchers():
 
 
 def install_on_actors(ray_actors, chain, **options) -> str:
-    """Install ``chain`` on every actor's model, replacing any chain installed there before; rank 0's summary."""
+    """Install ``chain`` on every actor's model, replacing any chain installed there before (an empty chain: remove
+    it, install nothing); rank 0's summary."""
     ray_patch, ray_patch_with_return = raylight_patchers()
     pack_dir = os.path.dirname(os.path.abspath(raylight_actor.__file__))
     package = raylight_actor.__name__.rpartition(".")[0]
@@ -47,22 +48,27 @@ class ApplyInterceptorsRaylight(io.ComfyNode):
             display_name="Apply Interceptors (Raylight)",
             category=CATEGORY,
             description=("Installs an interceptor chain on the model inside every Raylight actor (one per GPU), "
-                         "replacing the chain installed there before. Under sequence parallelism (xDiT USP) all "
-                         "ranks reduce the change metrics together and agree on every skip."),
+                         "replacing the chain installed there before. With nothing connected to 'interceptors' it "
+                         "removes the chain from the actors. Under sequence parallelism (xDiT USP) all ranks reduce "
+                         "the change metrics together and agree on every skip."),
             inputs=[
                 RayActors.Input("ray_actors", tooltip=(
                     "Raylight's actors, from a Raylight model loader (after its LoRA or ModelSampling nodes). "
                     "Connect the output to Raylight's sampler.")),
-                chain_input(optional=False),
+                Chain.Input("interceptors", optional=True, tooltip=(
+                    "Interceptors to run, from a caching node (Fixed Cadence, DBCache, ...). The actors keep their "
+                    "model across prompts, and the chain with it: leave this empty to remove the chain installed "
+                    "there before.")),
                 *safety_inputs(),
             ],
             outputs=[RayActors.Output(display_name="ray_actors", tooltip=(
-                "The same actors, now running the chain on every sampling run."))],
+                "The same actors, now running the chain on every sampling run (or no chain, when none was "
+            "connected)."))],
             hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
-    def execute(cls, ray_actors, interceptors, allow_distilled=False, cache_on_cpu=False) -> io.NodeOutput:
+    def execute(cls, ray_actors, interceptors=None, allow_distilled=False, cache_on_cpu=False) -> io.NodeOutput:
         node = node_label("Apply Interceptors (Raylight)", cls.hidden.unique_id)
         chain = as_chain(interceptors, node)
         try:

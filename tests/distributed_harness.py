@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -34,27 +36,41 @@ ROOT = TESTS.parent
 STEPS = 10
 
 
-def run_ranks(world: int, scenarios: list[dict], sync: bool = True, timeout_s: int = 60) -> list[dict]:
-    """Run ``scenarios`` on ``world`` ranks; what each rank saw, by rank. A rank that failed has ``error``."""
+def run_ranks(world: int, scenarios: list[dict], sync: bool = True, timeout_s: int = 60,
+              deadline_s: float | None = None, env: dict | None = None) -> list[dict]:
+    """Run ``scenarios`` on ``world`` ranks; what each rank saw, by rank. A rank that failed has ``error``.
+
+    ``timeout_s`` is the process group's own timeout (what a collective waits before torch gives up); each rank
+    is given four times that to end, and all of them together at most ``deadline_s`` when it is set: a rank
+    still running then is killed, and its result says so. ``env``: environment variables set in every rank."""
+    deadline = time.monotonic() + deadline_s if deadline_s is not None else math.inf
     with tempfile.TemporaryDirectory(prefix="cached-sampler-ranks-") as tmp:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        ctx = mp.start_processes(_rank_main, args=(world, port, scenarios, sync, timeout_s, tmp), nprocs=world,
-                                 join=False, start_method="spawn")
-        for process in ctx.processes:  # each rank, failed or not, writes what it saw before it ends
-            process.join(timeout_s * 4)
+        ctx = mp.start_processes(_rank_main, args=(world, port, scenarios, sync, timeout_s, tmp, env or {}),
+                                 nprocs=world, join=False, start_method="spawn")
+        killed = set()
+        for rank, process in enumerate(ctx.processes):  # each rank, failed or not, writes what it saw before it ends
+            process.join(max(min(timeout_s * 4, deadline - time.monotonic()), 0.1))
             if process.is_alive():
                 process.kill()
+                process.join()
+                killed.add(rank)
         results = []
         for rank in range(world):
             path = Path(tmp) / f"rank{rank}.pt"
-            results.append(torch.load(path) if path.exists() else {"error": "rank wrote nothing"})
+            if rank in killed and not path.exists():
+                results.append({"error": "rank wrote nothing: still running when its time was up, so killed (it "
+                                         "hung?)", "killed": True})
+            else:
+                results.append(torch.load(path) if path.exists() else {"error": "rank wrote nothing"})
         return results
 
 
-def _rank_main(rank, world, port, scenarios, sync, timeout_s, out_dir):
+def _rank_main(rank, world, port, scenarios, sync, timeout_s, out_dir, env):
     torch.set_num_threads(1)
+    os.environ.update(env)
     result = {"rank": rank, "collectives": [], "runs": {}}
     try:
         adapter, ic, nodes, tiny_models = _load(rank, world, port, timeout_s, out_dir)
@@ -71,6 +87,13 @@ def _rank_main(rank, world, port, scenarios, sync, timeout_s, out_dir):
     except Exception:
         result["error"] = traceback.format_exc()
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    if "error" in result and any(s.get("fail_at", {}).get("rank") == rank for s in scenarios):
+        # A rank that failed on purpose lives on, as a Raylight actor does after its prompt failed: its
+        # connections stay open, so the others learn nothing from a closed one, until they have finished.
+        others = [Path(out_dir) / f"rank{r}.pt" for r in range(world) if r != rank]
+        give_up = time.monotonic() + timeout_s * 4
+        while not all(p.exists() for p in others) and time.monotonic() < give_up:
+            time.sleep(0.2)
     if "error" in result:
         os._exit(1)  # leave the peers' collectives with a closed connection instead of a hang
 
@@ -129,6 +152,9 @@ def _sample(adapter, ic, nodes, tiny_models, scenario, rank, world, sync):
                                _cfg_parallel(rank, world) if scenario.get("cfg_parallel") and world > 1 else
                                sequence_parallel(rank, world, counts, scenario.get("concentrate", 0.0)))
     group = (lambda: ic.distributed.group_of()) if sync and world > 1 else None
+    fail_at = scenario.get("fail_at")
+    if fail_at and fail_at["rank"] == rank:
+        model.add_wrapper_with_key("predict_noise", "test_fail", _failing_evaluation(rank, fail_at["evaluation"]))
 
     def on_evaluation(run, ev):
         evaluations.append({"index": ev.index, "decisions": dict(ev.decisions), "metric": ev.record.metric,
@@ -142,6 +168,19 @@ def _sample(adapter, ic, nodes, tiny_models, scenario, rank, world, sync):
     latent = {"samples": torch.randn(latent_shape, generator=gen)}
     out = nodes.common_ksampler(patched, 7, STEPS, 4.0, "euler", "simple", positive, negative, latent)[0]["samples"]
     return {"evaluations": evaluations, "blocks": counts["blocks"], "output": out, "notes": notes}
+
+
+def _failing_evaluation(rank, at):
+    """A PREDICT_NOISE wrapper (outside the pack's) that raises at this rank's evaluation ``at``, before the model
+    runs: the other ranks go on to that evaluation's agreement, which this rank never reaches."""
+    count = {"evaluations": 0}
+
+    def predict_noise(executor, *args, **kwargs):
+        count["evaluations"] += 1
+        if count["evaluations"] - 1 == at:
+            raise RuntimeError(f"rank {rank} fails at evaluation {at} (the test's)")
+        return executor(*args, **kwargs)
+    return predict_noise
 
 
 def _shard(tensor, rank, world, dim=1):

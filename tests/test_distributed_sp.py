@@ -124,3 +124,29 @@ def test_unsynchronised_ranks_diverge(name):
         assert "error" not in r or "distributed_c10d" in r["error"], r["error"]
     with pytest.raises(AssertionError):
         assert_consistent(results, name)
+
+
+AGREEMENT_TIMEOUT_S = 5  # the test's bound on an agreement's wait (the default is minutes)
+FAILING = {"name": "failing", "chain": ADAPTIVE, "fail_at": {"rank": 1, "evaluation": 3}}
+
+
+def test_a_rank_that_fails_mid_run_ends_the_others_wait_within_the_bound():
+    """Rank 1 raises at its evaluation 3, before its model runs, and lives on (as a Raylight actor does after its
+    prompt failed: no connection closes). Rank 0 goes on to that evaluation's agreement, which rank 1 never
+    reaches; it must give up within the bound (CACHED_SAMPLER_AGREEMENT_TIMEOUT, shortened here) and fail saying
+    what happened. The process group's own timeout is longer than the test's deadline: a rank 0 that waited
+    for it instead is killed at the deadline, and the test fails rather than hang."""
+    results = harness.run_ranks(2, [FAILING], timeout_s=900, deadline_s=150,
+                                env={"CACHED_SAMPLER_AGREEMENT_TIMEOUT": str(AGREEMENT_TIMEOUT_S)})
+    survivor, failed = results
+    assert "rank 1 fails at evaluation 3" in failed.get("error", ""), failed.get("error")
+    assert not survivor.get("killed"), "rank 0 was still waiting when the test's deadline came: it hung"
+    error = survivor.get("error", "")
+    assert "AgreementError" in error, error
+    assert f"the other ranks did not reach the agreement within {AGREEMENT_TIMEOUT_S} s" in error, error
+    assert "another rank probably failed: see its log" in error, error
+    # the evaluations before went through (one decision agreed on each of 0, 1 and 2); the wait that ran out was
+    # the pack's agreement of evaluation 3 (its metric's sums, before its decision), not one of the model's
+    decisions = [c for c in survivor["collectives"] if "MAX" in c]
+    assert len(decisions) == FAILING["fail_at"]["evaluation"], survivor["collectives"]
+    assert survivor["collectives"][-1].startswith("all_reduce"), survivor["collectives"]

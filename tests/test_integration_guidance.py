@@ -285,3 +285,65 @@ def test_every_decider_is_credited_with_its_own_skips(comfy):
     run = ui["sampler"]["cached_sampler"][0]["runs"][0]
     assert "s" in run["decisions"], run
     assert len(run["acted"]) == 2 and any("Fixed Cadence" in a for a in run["acted"]), run["acted"]
+
+
+def _windowed(comfy, monkeypatch, schedule, frames=24, steps=8, kept=None):
+    """Sample tiny Wan (a batch of ``frames`` latents, windowed along it by ContextWindowsManual, 4 to a window)
+    with the Guidance Cache; what each evaluation asked for and held. ``kept`` overrides how many evaluations
+    without a window its history outlives."""
+    from test_core_engine import tensors_in
+    state, guidance = comfy.module("interceptors.state"), comfy.module("interceptors.guidance")
+    if kept is not None:
+        monkeypatch.setattr(guidance, "KEPT_EVALUATIONS", kept)
+    asked, evaluations = [], []
+    branch_of, end_evaluation = state.LoopState.branch_of, state.LoopState.end_evaluation
+
+    def logged_branch_of(self, interceptor, key):
+        asked.append((self.evaluation.index, key))
+        return branch_of(self, interceptor, key)
+
+    def logged_end_evaluation(self):
+        ev, (gc,) = self.evaluation, [d for d in self.chain.deciders if d.kind == "guidance_cache"]
+        held = self.branch_states.get(gc.id, {})
+        evaluations.append({"index": ev.index, "held": set(held), "tensors": len(tensors_in(held)),
+                            "asked": {key for index, key in asked if index == ev.index}})
+        return end_evaluation(self)
+
+    monkeypatch.setattr(state.LoopState, "branch_of", logged_branch_of)
+    monkeypatch.setattr(state.LoopState, "end_evaluation", logged_end_evaluation)
+    prompt = graphs.base("wan21", latent_seed=5)
+    prompt["latent"]["inputs"]["batch"] = frames
+    prompt["windows"] = graphs.context_windows(context_schedule=schedule, context_length=4, context_overlap=0)
+    prompt["count"] = {"class_type": "TestCountModelWork",
+                       "inputs": {"model": ["windows", 0], "family": "wan21", "key": "work"}}
+    chain = graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", **MODERATE)
+    graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=steps)
+    _, ui = comfy.run(prompt)
+    assert "acted: Guidance Cache" in ui["sampler"]["text"][0]
+    return CAPTURED["out"].clone(), dict(CAPTURED["work"]), evaluations
+
+
+def test_moving_context_windows_hold_a_bounded_history(comfy, monkeypatch):
+    """The uniform schedules move their windows every step; the Guidance Cache keeps one history per window. The
+    histories of windows gone are dropped during the run (their tensors with them): after every evaluation the
+    run holds exactly the windows of that evaluation and the two before, never all the windows the run has seen."""
+    out, work, evaluations = _windowed(comfy, monkeypatch, "looped_uniform")
+    assert torch.isfinite(out).all() and 0 in work["negative_rows"] and any(work["negative_rows"])
+    per_evaluation = max(len(e["asked"]) for e in evaluations)
+    every = set().union(*(e["asked"] for e in evaluations))
+    assert len(every) > 3 * per_evaluation, "the windows did not move: the test would prove nothing"
+    for i, e in enumerate(evaluations):
+        recent = set().union(*(r["asked"] for r in evaluations[max(i - 2, 0):i + 1]))
+        assert e["held"] == recent, f"evaluation {i}: held {len(e['held'])} histories, {len(recent)} were recent"
+    assert max(len(e["held"]) for e in evaluations) <= 3 * per_evaluation
+    per_history = evaluations[0]["tensors"] / len(evaluations[0]["held"])
+    assert per_history >= 1 and max(e["tensors"] for e in evaluations) <= 3 * per_evaluation * per_history
+
+
+def test_static_context_windows_keep_every_history_and_the_same_result(comfy, monkeypatch):
+    """The static schedule uses every window on every evaluation: nothing is dropped, and the result is the one
+    of a run that never drops anything."""
+    out, _, evaluations = _windowed(comfy, monkeypatch, "standard_static")
+    assert all(e["held"] == e["asked"] == evaluations[0]["asked"] for e in evaluations)
+    never, _, _ = _windowed(comfy, monkeypatch, "standard_static", kept=10 ** 6)
+    assert torch.equal(out, never)

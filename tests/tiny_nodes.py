@@ -579,6 +579,49 @@ TEST_NODES.update({
 
 
 # ------------------------------------------------------------------------------------------------------------
+# Nodes for the Raylight node's tests without Ray (tests/test_raylight_actor.py).
+# ------------------------------------------------------------------------------------------------------------
+
+@_fresh
+class RayActors:
+    """Hands on the stand-in for Raylight's actors that a test put in ``CAPTURED[key]``, as Raylight's loaders
+    output them (``RAY_ACTORS``): the same actors, and the models they keep, on every prompt."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"key": ("STRING", {"default": "ray_actors"})}}
+
+    RETURN_TYPES = ("RAY_ACTORS",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, key):
+        return (CAPTURED[key],)
+
+
+@_fresh
+class RayActorsSample:
+    """Raylight's sampler, on the stand-in actors: every actor samples its own model (``actor.sample()``); what
+    each returned goes to ``CAPTURED[key]``, in actor order."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"ray_actors": ("RAY_ACTORS",), "key": ("STRING", {"default": "ray_samples"})}}
+
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    def run(self, ray_actors, key):
+        CAPTURED[key] = [actor.sample() for actor in ray_actors["workers"]]
+        return ()
+
+
+TEST_NODES.update({"TestRayActors": RayActors, "TestRayActorsSample": RayActorsSample})
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Nodes for the dtype tests (tests/test_dtypes.py).
 # ------------------------------------------------------------------------------------------------------------
 
