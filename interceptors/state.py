@@ -227,6 +227,7 @@ class LoopState:
         self.branch_used: dict[str, dict[BranchKey, int]] = {}  # the evaluation each branch state was last asked for
         self.decision_records: dict[str, DecisionRecord] = {d.id: DecisionRecord() for d in chain.deciders}
         self.caches: dict[BranchKey, BranchCache] = {}
+        self.window_keys_used: dict[BranchKey, int] = {}  # a context window's key -> the last evaluation using it
         self.records: list[EvaluationRecord] = []
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
         self.off = False  # caching switched off for the whole run (switch_off): every forward computed in full
@@ -287,10 +288,23 @@ class LoopState:
             ev.read_sigma()  # an evaluation that needed nothing from the host still records where it was
             for decider_id in ev.decisions:
                 self._count(decider_id, ev)
+            self._forget_windows(ev)
             self.measure_cache()
             for obs in self.observers:
                 obs.on_evaluation_end(self, ev)
         self.evaluation = None
+
+    # The uniform context schedules move their windows every step: what is kept for a window's frames is dropped
+    # once this many evaluations in a row went without them, so caches do not pile up over a long video.
+    WINDOWS_KEPT_FOR = 2
+
+    def _forget_windows(self, ev: Evaluation) -> None:
+        stale = [key for key, index in self.window_keys_used.items() if index < ev.index - self.WINDOWS_KEPT_FOR]
+        for key in stale:
+            del self.window_keys_used[key]
+            self.caches.pop(key, None)
+            for states in self.branch_states.values():
+                states.pop(key, None)
 
     def _count(self, decider_id: str, ev: Evaluation) -> None:
         record = self.decision_records[decider_id]
@@ -330,6 +344,8 @@ class LoopState:
             occurrence = ev.occurrences[ident]
             ev.occurrences[ident] += 1
             keys.append(BranchKey(branch, uuid, occurrence, tuple(row_shape), str(dtype), frames))
+            if frames is not None:
+                self.window_keys_used[keys[-1]] = ev.index
         self.current_forward = Forward(ev, keys, batch // len(branches) if cacheable else batch, cacheable)
         return self.current_forward
 
@@ -514,6 +530,7 @@ class LoopState:
         traceback); its tensors need not. ``records`` and ``notes`` stay, and so does the run state of recording
         deciders (``keeps_results``), whose recordings are the run's result."""
         self.caches.clear()
+        self.window_keys_used.clear()
         self.branch_states.clear()
         self.branch_used.clear()
         self.deferred.clear()

@@ -279,3 +279,30 @@ def test_an_adaptive_step_solver_runs_uncached_and_says_so(comfy):
     run = ui["sampler"]["cached_sampler"][0]["runs"][0]
     assert any("error control" in n for n in run["notes"]), run
     assert run["work_saved"] == 0 and run["computed"] == run["evaluations"] > 0, run
+
+
+@pytest.mark.parametrize("schedule", ["standard_uniform", "standard_static"])
+def test_caches_of_windows_that_moved_away_are_dropped_during_the_run(comfy, schedule):
+    """Moving windows cover new frames every step: what was kept for frames no window covered in the last two
+    evaluations is dropped while the run goes on (bounded memory over a long video); static windows keep all."""
+    import nodes
+    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    spec = graphs.context_windows(context_schedule=schedule, context_length=3, context_overlap=1)
+    windows = nodes.NODE_CLASS_MAPPINGS["ContextWindowsManual"]
+    inputs = dict(spec["inputs"], model=tiny_models.build("wan21"))
+    model = windows.execute(**inputs)[0] if hasattr(windows, "execute") else windows().patch(**inputs)[0]
+    held, used = [], []
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2), ic.TaylorSeer(order=1)])
+    patched = adapter.install(model, chain, on_evaluation=lambda run, ev: (
+        held.append({k.frames for k in run.caches}), used.append({ident[-1] for ident in ev.occurrences})))
+    positive, negative = tiny_models.conditioning("wan21", seed=1)
+    latent = tiny_models.latent("wan21", seed=5)
+    latent = {"samples": latent["samples"].repeat(9, *[1] * (latent["samples"].ndim - 1))}
+    nodes.common_ksampler(patched, 1, 8, 3.0, "euler", "simple", positive, negative, latent)
+    assert all(None not in f for f in held + used), "every forward belongs to a window"
+    for i, cached in enumerate(held):  # kept: only the frames of this evaluation's windows and the two before
+        assert cached <= set().union(*used[max(0, i - 2):i + 1]), (i, cached, used[max(0, i - 2):i + 1])
+    moved = set().union(*used) != used[0]
+    assert moved == (schedule != "standard_static"), used
+    if moved:
+        assert len(held[-1]) < len(set().union(*held)), "nothing was dropped"
