@@ -2,9 +2,19 @@
 
 The only module besides ``nodes/`` that imports ComfyUI. Everything it changes goes through ComfyUI's
 public extension points, and the model's own code computes every forward and every block that runs.
-One thing reads ComfyUI internals: TeaCache's signal is computed from the first block's modulation
-modules (``MODULATION_MODULES``), which a ComfyUI update or another model class may rename; they are
-probed when the chain is installed, and a model without them is refused before anything is sampled.
+A few things read what ComfyUI does not offer as an interface, each checked where it is read:
+
+* TeaCache's signal is computed from the first block's modulation modules (``MODULATION_MODULES``), which
+  a ComfyUI update or another model class may rename; they are probed when the chain is installed, and a
+  model without them is refused before anything is sampled;
+* the model card comes from class names (``model.model``, its config, its diffusion model and which of
+  its methods run the blocks: :func:`model_card`); an unknown class gets whole-model caching only;
+* the Guidance Cache works with the standard guider only, told by ``CFGGuider.predict_noise`` being the
+  guider's own (:func:`_check_guider`);
+* other caches are told by their wrapper keys (EasyCache, LazyCache) and a compiled model by the key
+  ``comfy_api``'s TorchCompileModel uses (:func:`other_cache`, :func:`compiled`);
+* a context window's frames (``transformer_options["context_window"].index_list``), the sampler's
+  function name (:func:`sampler_identity`) and Wan CausalAR's KV-cache state (``AR_STATE_KEY``).
 The hooks:
 
 * ``OUTER_SAMPLE`` wrapper: creates a fresh :class:`LoopState` for every sampling run and drops it

@@ -1,7 +1,9 @@
-"""The two places where an interceptor chain meets the model: the whole forward, and the block stack.
+"""Two of the three places where an interceptor chain meets the model: the whole forward, and the block stack.
 
 Both functions are plain torch. The ComfyUI adapter calls :func:`model_forward` from its
-``APPLY_MODEL`` wrapper and :func:`block_call` from its ``patches_replace["dit"]`` replacements.
+``APPLY_MODEL`` wrapper and :func:`block_call` from its ``patches_replace["dit"]`` replacements. The third,
+one level above the model, is the Guidance Cache's conds list (:func:`.guidance.guided_batch`, from the
+adapter's ``CALC_COND_BATCH`` wrapper).
 
 Whole-model caches store the prediction in epsilon space, ``(x - denoised) / sigma``: the raw output
 for eps- and flow-models, and a smooth quantity for every other parameterisation, so one cache works

@@ -1,6 +1,6 @@
 """Planned schedules: compute exactly the evaluations a plan names, forecast the rest.
 
-The plan comes from :func:`plan_schedule`, which works on one uncached pass of the user's own prompt,
+The plan comes from :func:`calibrate`, which works on one uncached pass of the user's own prompt,
 model and step count (recorded by :class:`Recorder`). Like LeMiCa (arXiv 2511.00090) and MeanCache
 (arXiv 2601.19961) it places the computed steps globally and non-uniformly under a budget, but instead
 of an offline graph over many prompts it scores a candidate plan by the error its forecasts would add
