@@ -12,7 +12,7 @@ known before a 14B video model is loaded. Per CFG branch a run keeps:
   the sampler float32), and the Adaptive Cache three more latent-sized tensors (its input and output
   anchors and the last input).
 
-The cached values go to the CPU with ``cache_on_cpu``; anchors stay where the model runs. A forward that
+With ``cache_on_cpu`` all of it goes to the CPU, the decider's anchors as well. A forward that
 computes also holds one clone of each segment's input while its blocks run (transient, not counted here),
 and a forecast is formed in float32, one cached quantity at a time.
 """
@@ -89,7 +89,8 @@ def cache_memory(shape: StreamShape, method: str, order: int | None = None, cach
     points = 1 if order is None else order + 1
     n = shape.branches if branches is None else branches
     anchor, cached = n * shape.anchor(method), n * shape.cached(method, points)
-    return CacheMemory(anchor, cached) if cache_on_cpu else CacheMemory(anchor + cached, 0)
+    # every kept tensor, anchors included, goes through the run's cache placement (LoopState.keep/to_cache)
+    return CacheMemory(0, anchor + cached) if cache_on_cpu else CacheMemory(anchor + cached, 0)
 
 
 def video(name: str, family: str, layout: str, frames: int, height: int, width: int, text_tokens: int,
