@@ -20,6 +20,7 @@ import torch
 
 import graphs
 import tiny_models
+import tiny_nodes
 from tiny_nodes import CAPTURED
 
 FAMILY = "flux"
@@ -48,20 +49,12 @@ CHAINS = {"fixed cadence + taylorseer": _fixed_cadence, "first block cache": _fi
           "guidance cache": _guidance_cache}
 
 
-class ReloadableTinyModel:
+class ReloadableTinyModel(tiny_nodes.TinyModel):
     """The tiny model with the loader factory ComfyUI's core loaders register (``cached_patcher_init``), from
     which its multi-GPU deep clones load a model of their own."""
 
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"family": (list(tiny_models.FAMILIES),), "seed": ("INT", {"default": 0})}}
-
-    RETURN_TYPES = ("MODEL",)
-    FUNCTION = "load"
-    CATEGORY = "testing"
-
     def load(self, family, seed):
-        model = tiny_models.build(family, seed)
+        (model,) = super().load(family, seed)
         model.cached_patcher_init = (tiny_models.build, (family, seed))
         return (model,)
 
