@@ -11,6 +11,7 @@ import torch
 
 import graphs
 import tiny_configs
+import tiny_models
 from tiny_nodes import CAPTURED
 
 try:
@@ -69,7 +70,7 @@ def _run(comfy, config, method=None, inputs=None, steps=4):
     graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=steps, cfg=3.0)
     prompt["sampler"]["inputs"]["allow_distilled"] = True  # distilled configs are refused otherwise (tested below)
     _, ui = comfy.run(prompt)
-    return CAPTURED["out"].clone(), dict(CAPTURED["forwards"]), ui
+    return tiny_models.as_tensor(CAPTURED["out"]).clone(), dict(CAPTURED["forwards"]), ui
 
 
 def _skip_unbuilt(config):

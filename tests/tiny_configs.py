@@ -10,9 +10,19 @@ those of that tiny family. Configs that cannot be sampled this way are named in 
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import torch
 
 import tiny_models
+
+CONTEXT = tiny_models.CONTEXT_DIM
+POOLED = tiny_models.POOLED_DIM
+# SVD's video UNet settings (as checkpoint detection sets them for a video UNet)
+_SVD = {"in_channels": 8, "num_classes": "sequential", "use_temporal_resblock": True, "use_temporal_attention": True,
+        "extra_ff_mix_layer": True, "use_spatial_context": True, "merge_strategy": "learned_with_images",
+        "merge_factor": 0.0, "video_kernel_size": [3, 1, 1], "disable_temporal_crossattention": False}
 
 # supported_models config -> tiny_models family whose tiny unet_config, conditioning and latent it uses.
 BASES = {
@@ -23,12 +33,30 @@ BASES = {
     "Lumina2": "lumina2", "SDXL": "sdxl", "SD15": "sd15",
     "LongCatImage": "flux",  # its own config class, Flux's model class and diffusion model
     "SD20": "sd15",  # the SD 2 UNet: the tiny SD 1.5 layout
+    "MageFlow": "mage_flow", "JoyImage": "joyimage", "Lens": "lens", "LTXAV": "ltxav",
+    # UNets of their own config classes: the tiny SD 1.5 / SDXL layouts with their inputs widened (OVERRIDES)
+    "SDXLRefiner": "sdxl", "Stable_Zero123": "sd15", "SVD_img2vid": "sd15",
 }
 
 # Values a variant needs on top of its base's tiny unet_config (its image-conditioned inputs are concatenated
 # to the latent, so the input layer is wider; ComfyUI fills the missing image with zeros).
 OVERRIDES = {
     "SD15_instructpix2pix": {"in_channels": 8},
+    # the refiner's ADM vector: pooled + five size/aesthetic-score embeddings
+    "SDXLRefiner": {"adm_in_channels": POOLED + 5 * 256},
+    # unCLIP: the noise-augmented CLIP-vision embedding and its noise-level embedding as the class vector
+    "SD21UnclipL": {"adm_in_channels": 2 * 768, "num_classes": "sequential"},
+    "SD21UnclipH": {"adm_in_channels": 2 * 1024, "num_classes": "sequential"},
+    # the x4 upscaler: the low-resolution image (3 channels) concatenated to the latent; the noise level is y
+    "SD_X4Upscaler": {"in_channels": 7},
+    # Lotus: a 4-wide task embedding as the class vector
+    "LotusD": {"adm_in_channels": 4, "num_classes": "sequential"},
+    "Stable_Zero123": {"in_channels": 8},
+    # SVD / SV3D: the image latent concatenated, temporal resblocks and attention, fps/motion/augmentation (SVD),
+    # augmentation (SV3D_u), augmentation + elevation + azimuth (SV3D_p) embeddings as the class vector
+    "SVD_img2vid": dict(_SVD, adm_in_channels=3 * 256),
+    "SV3D_u": dict(_SVD, adm_in_channels=256),
+    "SV3D_p": dict(_SVD, adm_in_channels=256 + 2 * 512),
     "SDXL_instructpix2pix": {"in_channels": 8},
     "HunyuanVideoI2V": {"in_channels": 33},
     "HunyuanVideoSkyreelsI2V": {"in_channels": 32},
@@ -56,17 +84,71 @@ NEWER_FIELDS = {
 # Latents that differ from the base family's: (channels, frames; 0 = an image latent).
 LATENTS = {"ChromaRadiance": (3, 0)}
 
+
+
+@dataclasses.dataclass
+class Tiny:
+    """A tiny layout of a config's own (for models no tiny_models family covers)."""
+    unet: dict  # the tiny unet_config
+    latent: tuple  # the latent's shape, without the batch
+    extra: dict = dataclasses.field(default_factory=dict)  # set after the config's unet_extra_config (heads...)
+    cond: Callable | None = None  # generator -> the conditioning's extras (what extra_conds reads)
+    context: int = CONTEXT  # width of the text features
+    length: int = 4  # text tokens
+    state: Callable | None = None  # generator -> the state dict get_model reads (weights beside the diffusion model)
+
+
+def _randn(*shape):
+    return lambda gen: torch.randn(shape, generator=gen)
+
+
+# Tiny layouts of the configs' own, by config (a subclass config uses its closest ancestor's, with OVERRIDES).
+OWN: dict[str, Tiny] = {
+    # Stable Cascade: stage C (the prior, 16-channel latent) and stage B (the decoder stage, 4-channel latent);
+    # the pooled text vector is their extra input (the CLIP image embedding and the effnet prior default to zeros)
+    "Stable_Cascade_C": Tiny({"stable_cascade_stage": "c", "c_in": 16, "c_out": 16, "c_r": 64, "patch_size": 1,
+                              "c_cond": 32, "c_hidden": [32, 32], "nhead": [2, 2], "blocks": [[1, 1], [1, 1]],
+                              "block_repeat": [[1, 1], [1, 1]], "level_config": ["CTA", "CTA"],
+                              "c_clip_text": CONTEXT, "c_clip_text_pooled": POOLED, "c_clip_img": 768,
+                              "c_clip_seq": 4}, (16, 8, 8),
+                             cond=lambda gen: {"pooled_output": torch.randn((1, 1, POOLED), generator=gen)}),
+    "Stable_Cascade_B": Tiny({"stable_cascade_stage": "b", "c_in": 4, "c_out": 4, "c_r": 64, "patch_size": 2,
+                              "c_cond": 32, "c_hidden": [16, 32], "nhead": [-1, 2], "blocks": [[1, 1], [1, 1]],
+                              "block_repeat": [[1, 1], [1, 1]], "level_config": ["CT", "CTA"], "c_clip": POOLED,
+                              "c_clip_seq": 4, "c_effnet": 16, "c_pixels": 3}, (4, 16, 16),
+                             cond=lambda gen: {"pooled_output": torch.randn((1, 1, POOLED), generator=gen)}),
+}
+
+# Per config, on top of its base layout: values set after unet_extra_config, conditioning extras
+# (generator -> dict), and the state dict get_model reads (generator -> dict).
+EXTRA: dict[str, dict] = {}
+COND: dict[str, Callable] = {}
+EXTRA["SD_X4Upscaler"] = {"disable_self_attentions": [True, False]}  # one per level of the tiny UNet's two
+STATE: dict[str, Callable] = {}
+
+
+class _ClipVisionOutput:
+    def __init__(self, image_embeds):
+        self.image_embeds = image_embeds
+
+
+def _unclip(width):
+    """unCLIP conditioning as CLIPVisionEncode + unCLIPConditioning give it (one image embedding)."""
+    return lambda gen: {"unclip_conditioning": [{"clip_vision_output": _ClipVisionOutput(
+        torch.randn((1, width), generator=gen)), "strength": 1.0, "noise_augmentation": 0.1}]}
+
+
+COND.update({"SD21UnclipL": _unclip(768), "SD21UnclipH": _unclip(1024)})
+# Zero123's projection of the CLIP-vision embedding + camera pose to the cross-attention width
+STATE["Stable_Zero123"] = lambda gen: {"cc_projection.weight": torch.randn((CONTEXT, CONTEXT), generator=gen) * 0.1,
+                                       "cc_projection.bias": torch.zeros(CONTEXT)}
+# Latents whose batch is the video's frames (SVD's UNet reads them as num_video_frames).
+FRAMES_AS_BATCH = {"SVD_img2vid": 2}
+
 # Configs not sampled tiny here, and why.
 _AUDIO = "an audio model: its latent and conditioning are audio-shaped, which the tiny image/video families are not"
 _NOT_WRITTEN = "no tiny configuration is written for model class {} yet, nor for an ancestor config of it"
 UNBUILT = {
-    "SD21UnclipL": "SD 2.1 unCLIP needs a CLIP-vision image embedding (its class-conditional ``y``); not written yet",
-    "SD21UnclipH": "SD 2.1 unCLIP needs a CLIP-vision image embedding (its class-conditional ``y``); not written yet",
-    "LotusD": "Lotus's UNet takes its own inputs beyond the SD 2 layout (a task embedding); not written yet",
-    "SD_X4Upscaler": ("the x4 upscaler's UNet takes a low-resolution image and a noise level beyond the SD 2 layout; "
-                      "not written yet"),
-    "LTXAV": ("LTX-2 samples one latent that packs video and audio together (and needs its audio conditioning), "
-              "which the tiny LTXV latent is not"),
     "StableAudio": _AUDIO, "StableAudio3": _AUDIO, "ACEStep": _AUDIO, "ACEStep15": _AUDIO,
     "MiniMaxMusic3": _AUDIO,
     "RT_DETR_v4": "a detection model, not a diffusion model: nothing to sample",
@@ -86,9 +168,24 @@ def config_names() -> list[str]:
     return [c.__name__ for c in comfy.supported_models.models]
 
 
+def _ancestors(name: str) -> list[str]:
+    return [c.__name__ for c in config_class(name).__mro__]
+
+
 def base_family(name: str) -> str | None:
-    """The tiny_models family a config is built from (its own or its closest ancestor config's), or None."""
-    return next((BASES[c.__name__] for c in config_class(name).__mro__ if c.__name__ in BASES), None)
+    """The tiny layout a config is built from (its own or its closest ancestor config's): a tiny_models family,
+    or a config named in OWN; None when there is none."""
+    for ancestor in _ancestors(name):
+        if ancestor in OWN:
+            return ancestor
+        if ancestor in BASES:
+            return BASES[ancestor]
+    return None
+
+
+def _own(name: str) -> Tiny | None:
+    family = base_family(name)
+    return OWN.get(family) if family is not None else None
 
 
 def why_unbuilt(name: str) -> str | None:
@@ -112,8 +209,8 @@ def _model_base_name(name: str) -> str | None:
 
 
 def unet_config(name: str) -> dict:
-    family = base_family(name)
-    config = dict(tiny_models._SPECS[family][1])
+    own = _own(name)
+    config = dict(own.unet if own is not None else tiny_models._SPECS[base_family(name)][1])
     cls = config_class(name)
     config.update({k: v for k, v in cls.unet_config.items() if k not in config})  # its own detection keys
     config.update(OVERRIDES.get(name, {}))
@@ -126,6 +223,10 @@ def unet_config(name: str) -> dict:
     return config
 
 
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(int(seed))
+
+
 def build(name: str, seed: int = 0):
     """The tiny ``name`` config's model as a ModelPatcher on the CPU."""
     import comfy.model_patcher
@@ -133,10 +234,13 @@ def build(name: str, seed: int = 0):
     reason = why_unbuilt(name)
     if reason is not None:
         raise ValueError(f"{name}: {reason}")
+    own = _own(name)
     config = config_class(name)(unet_config(name))
-    config.unet_config.update(tiny_models._EXTRA_OVERRIDES.get(base_family(name), {}))
+    config.unet_config.update(own.extra if own is not None else tiny_models._EXTRA_OVERRIDES.get(base_family(name), {}))
+    config.unet_config.update(EXTRA.get(name, {}))
     config.set_inference_dtype(torch.float32, None)
-    model = config.get_model({})
+    state = STATE.get(name) or (own.state if own is not None else None)
+    model = config.get_model(state(_generator(seed)) if state is not None else {})
     tiny_models.init_weights(model.diffusion_model, seed)
     model.eval()
     cpu = torch.device("cpu")
@@ -144,19 +248,41 @@ def build(name: str, seed: int = 0):
 
 
 def conditioning(name: str, seed: int = 1):
-    return tiny_models.conditioning(base_family(name), batch=1, seed=seed, length=4)
+    """``(positive, negative)`` CONDITIONING: the base family's, with the inputs the config's own ``extra_conds``
+    reads added."""
+    own = _own(name)
+    if own is None:
+        positive, negative = tiny_models.conditioning(base_family(name), batch=1, seed=seed, length=4)
+    else:
+        gen = _generator(seed)
+        positive, negative = ([[torch.randn((1, own.length, own.context), generator=gen),
+                                own.cond(gen) if own.cond is not None else {}]] for _ in range(2))
+    if name in COND:
+        gen = _generator(seed + 1000)
+        for branch in (positive, negative):
+            branch[0][1].update(COND[name](gen))
+    return positive, negative
 
 
 def latent(name: str, seed: int | None = None, size: int = 16):
-    """A LATENT shaped as the config's latent format says (channels, image or video), with the base family's frame
-    count for video; zeros when ``seed`` is None (the samplers then fit an empty latent's channels to the model)."""
-    config = config_class(name)
-    channels, frames = LATENTS.get(name, (None, None))
-    if channels is None:
-        fmt = config.latent_format()
-        channels = fmt.latent_channels
-        frames = (tiny_models._spec(base_family(name))[3] or 1) if fmt.latent_dimensions == 3 else 0
-    shape = (1, channels, frames, size, size) if frames else (1, channels, size, size)
+    """A LATENT shaped as the config's tiny layout says: its own shape, or the latent format's channels (image or
+    video, with the base family's frame count for video); zeros when ``seed`` is None (the samplers then fit an
+    empty latent's channels to the model)."""
+    own = _own(name)
+    family = base_family(name)
+    if own is None and name not in LATENTS and family in tiny_models.AUDIO_VIDEO:
+        return tiny_models.latent(family, seed=seed, size=size)
+    if own is not None:
+        shape = (1,) + tuple(LATENTS.get(name, own.latent))
+    else:
+        config = config_class(name)
+        channels, frames = LATENTS.get(name, (None, None))
+        if channels is None:
+            fmt = config.latent_format()
+            channels = fmt.latent_channels
+            frames = (tiny_models._spec(family)[3] or 1) if fmt.latent_dimensions == 3 else 0
+        batch = next((FRAMES_AS_BATCH[a] for a in _ancestors(name) if a in FRAMES_AS_BATCH), 1)
+        shape = (batch, channels, frames, size, size) if frames else (batch, channels, size, size)
     if seed is None:
         return {"samples": torch.zeros(shape)}
-    return {"samples": torch.randn(shape, generator=torch.Generator(device="cpu").manual_seed(int(seed)))}
+    return {"samples": torch.randn(shape, generator=_generator(seed))}
