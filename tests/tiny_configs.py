@@ -42,6 +42,10 @@ BASES = {
 # to the latent, so the input layer is wider; ComfyUI fills the missing image with zeros).
 OVERRIDES = {
     "SD15_instructpix2pix": {"in_channels": 8},
+    "CogVideoX_I2V": {"in_channels": 32},
+    "PixArtSigma": {"micro_condition": False},
+    "HunyuanDiT1": {"size_cond": True, "use_style_cond": True},
+    "CogVideoX_Inpaint": {"in_channels": 48},
     # the refiner's ADM vector: pooled + five size/aesthetic-score embeddings
     "SDXLRefiner": {"adm_in_channels": POOLED + 5 * 256},
     # unCLIP: the noise-augmented CLIP-vision embedding and its noise-level embedding as the class vector
@@ -104,6 +108,46 @@ def _randn(*shape):
 
 # Tiny layouts of the configs' own, by config (a subclass config uses its closest ancestor's, with OVERRIDES).
 OWN: dict[str, Tiny] = {
+    # Cosmos 1 (GeneralDIT) and Cosmos Predict2 (MiniTrainDIT): adaLN-LoRA DiT blocks on a 3-D latent with 3-D
+    # rotary positions; the image-to-video variants add a mask channel (in_channels 17, from their configs)
+    "CosmosT2V": Tiny({"max_img_h": 32, "max_img_w": 32, "max_frames": 8, "out_channels": 16,
+                       "patch_spatial": 2, "patch_temporal": 1, "concat_padding_mask": True,
+                       "block_config": "FA-CA-MLP", "model_channels": 32, "num_blocks": 2, "num_heads": 2,
+                       "crossattn_emb_channels": CONTEXT, "pos_emb_cls": "rope3d", "pos_emb_learnable": False,
+                       "pos_emb_interpolation": "crop", "block_x_format": "THWBD", "affline_emb_norm": True,
+                       "use_adaln_lora": True, "adaln_lora_dim": 8, "extra_per_block_abs_pos_emb": True,
+                       "extra_per_block_abs_pos_emb_type": "learnable"}, (16, 2, 16, 16),
+                      cond=lambda gen: {"attention_mask": torch.ones((1, 4), dtype=torch.long)}),
+    "CosmosT2IPredict2": Tiny({"max_img_h": 32, "max_img_w": 32, "max_frames": 8, "out_channels": 16,
+                               "patch_spatial": 2, "patch_temporal": 1, "concat_padding_mask": True,
+                               "model_channels": 32, "num_blocks": 2, "num_heads": 2,
+                               "crossattn_emb_channels": CONTEXT, "pos_emb_cls": "rope3d",
+                               "pos_emb_learnable": True, "pos_emb_interpolation": "crop", "min_fps": 1,
+                               "max_fps": 30, "use_adaln_lora": True, "adaln_lora_dim": 8,
+                               "extra_per_block_abs_pos_emb": False, "rope_enable_fps_modulation": False},
+                              (16, 1, 16, 16)),
+    # PixArt (Alpha with its size / aspect-ratio micro-conditions, Sigma without): cross-attention DiT blocks;
+    # the two micro-condition embeddings and the time embedding share the width, so it is a multiple of 3
+    "PixArtAlpha": Tiny({"input_size": 48, "patch_size": 2, "in_channels": 4, "hidden_size": 48, "depth": 2,
+                         "num_heads": 2, "caption_channels": CONTEXT, "model_max_length": 4,
+                         "micro_condition": True, "pe_interpolation": 1.0}, (4, 48, 48),  # its position table
+                        # is sized from the latent in 64-pixel steps, rounded: 48 latent pixels is the smallest
+                        cond=lambda gen: {"width": 128, "height": 128}),
+    # HunyuanDiT: CLIP and mT5 text (each with its mask) and the image-size vector; v1.0 adds size and style
+    # conditions (OVERRIDES)
+    "HunyuanDiT": Tiny({"input_size": (16, 16), "patch_size": 2, "in_channels": 4, "hidden_size": 32, "depth": 2,
+                        "num_heads": 2, "text_states_dim": CONTEXT, "text_states_dim_t5": 32, "text_len": 4,
+                        "text_len_t5": 4}, (4, 16, 16),
+                       cond=lambda gen: {"attention_mask": torch.ones((1, 4), dtype=torch.long),
+                                         "conditioning_mt5xl": torch.randn((1, 4, 32), generator=gen),
+                                         "attention_mask_mt5xl": torch.ones((1, 4), dtype=torch.long)}),
+    # CogVideoX: text and video tokens in one sequence through its blocks, 3-D rotary positions; the I2V and
+    # Inpaint variants widen the input (OVERRIDES) and ComfyUI fills the missing image/mask with zeros
+    "CogVideoX_T2V": Tiny({"image_model": "cogvideox", "num_attention_heads": 2, "attention_head_dim": 16,
+                           "in_channels": 16, "out_channels": 16, "time_embed_dim": 32, "text_embed_dim": CONTEXT,
+                           "num_layers": 2, "sample_width": 8, "sample_height": 8, "sample_frames": 5,
+                           "max_text_seq_length": 4, "patch_size": 2, "use_rotary_positional_embeddings": True},
+                          (16, 2, 8, 8)),
     # Stable Cascade: stage C (the prior, 16-channel latent) and stage B (the decoder stage, 4-channel latent);
     # the pooled text vector is their extra input (the CLIP image embedding and the effnet prior default to zeros)
     "Stable_Cascade_C": Tiny({"stable_cascade_stage": "c", "c_in": 16, "c_out": 16, "c_r": 64, "patch_size": 1,
