@@ -108,6 +108,45 @@ def _randn(*shape):
 
 # Tiny layouts of the configs' own, by config (a subclass config uses its closest ancestor's, with OVERRIDES).
 OWN: dict[str, Tiny] = {
+    # OmniGen2: Lumina-style refiner and main layers with grouped-query attention; Boogu adds dual-stream layers
+    "Omnigen2": Tiny({"patch_size": 2, "in_channels": 16, "out_channels": 16, "hidden_size": 32, "num_layers": 1,
+                      "num_refiner_layers": 1, "num_attention_heads": 2, "num_kv_heads": 1, "multiple_of": 16,
+                      "axes_dim_rope": (8, 4, 4), "axes_lens": (64, 64, 64), "text_feat_dim": CONTEXT},
+                     (16, 16, 16), cond=lambda gen: {"attention_mask": torch.ones((1, 4), dtype=torch.long)}),
+    "Boogu": Tiny({"patch_size": 2, "in_channels": 16, "out_channels": 16, "hidden_size": 32, "num_layers": 1,
+                   "num_double_stream_layers": 1, "num_refiner_layers": 1, "num_attention_heads": 2,
+                   "num_kv_heads": 1, "multiple_of": 16, "axes_dim_rope": (8, 4, 4), "axes_lens": (64, 64, 64),
+                   "instruction_feat_dim": CONTEXT},
+                  (16, 16, 16), cond=lambda gen: {"attention_mask": torch.ones((1, 4), dtype=torch.long)}),
+    # Krea 2: single-stream blocks after a text-fusion transformer, on the Wan 2.1 latent
+    "Krea2": Tiny({"features": 32, "tdim": 32, "txtdim": CONTEXT, "heads": 2, "kvheads": 1, "multiplier": 2,
+                   "layers": 2, "patch": 2, "channels": 16, "txtlayers": 1, "txtheads": 2, "txtkvheads": 2},
+                  (16, 1, 16, 16)),
+    # Ideogram 4 on the Flux 2 latent (its head counts and widths are set as unet_extra_config: overridden after)
+    "Ideogram4": Tiny({"in_channels": 128, "num_layers": 2}, (128, 8, 8),
+                      extra={"num_attention_heads": 2, "attention_head_dim": 16, "intermediate_size": 64,
+                             "adaln_dim": 32, "llm_features_dim": CONTEXT, "mrope_section": [4, 2, 2]}),
+    # ERNIE-Image on the Flux 2 latent, patch 1
+    "ErnieImage": Tiny({"hidden_size": 32, "num_attention_heads": 2, "num_layers": 2, "ffn_hidden_size": 64,
+                        "in_channels": 128, "out_channels": 128, "patch_size": 1, "text_in_dim": CONTEXT,
+                        "rope_axes_dim": (4, 6, 6)}, (128, 8, 8)),
+    # HiDream-I1: one double- and one single-stream block, each with its mixture-of-experts MLP; T5 features as the
+    # context, one Llama-3 hidden layer per block (``conditioning_llama3``: [batch, layers, tokens, width]) and
+    # a pooled vector
+    "HiDream": Tiny({"patch_size": 2, "in_channels": 16, "out_channels": 16, "num_layers": 1,
+                     "num_single_layers": 1, "attention_head_dim": 16, "num_attention_heads": 2,
+                     "caption_channels": [CONTEXT, 32], "text_emb_dim": POOLED, "num_routed_experts": 2,
+                     "num_activated_experts": 1, "axes_dims_rope": [8, 4, 4], "max_resolution": [32, 32],
+                     "llama_layers": [0, 1]}, (16, 16, 16),
+                    cond=lambda gen: {"pooled_output": torch.randn((1, POOLED), generator=gen),
+                                      "conditioning_llama3": torch.randn((1, 2, 4, 32), generator=gen)}),
+    # SeedVR2 (video restoration): the low-quality video's latent + a mask channel (SeedVR2Conditioning's
+    # ``condition``) concatenated to the noisy latent, video and text packed into one varlen sequence
+    "SeedVR2": Tiny({"norm_eps": 1e-5, "num_layers": 2, "mlp_type": "swiglu", "vid_in_channels": 33,
+                     "vid_dim": 32, "txt_in_dim": CONTEXT, "heads": 2, "head_dim": 16, "mm_layers": 1,
+                     "rope_dim": 8, "vid_out_norm": True}, (16, 1, 8, 8),
+                    cond=lambda gen: {"condition": torch.cat([torch.randn((1, 16, 1, 8, 8), generator=gen),
+                                                              torch.ones((1, 1, 1, 8, 8))], dim=1)}),
     # Cosmos 1 (GeneralDIT) and Cosmos Predict2 (MiniTrainDIT): adaLN-LoRA DiT blocks on a 3-D latent with 3-D
     # rotary positions; the image-to-video variants add a mask channel (in_channels 17, from their configs)
     "CosmosT2V": Tiny({"max_img_h": 32, "max_img_w": 32, "max_frames": 8, "out_channels": 16,
