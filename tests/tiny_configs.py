@@ -24,6 +24,11 @@ _SVD = {"in_channels": 8, "num_classes": "sequential", "use_temporal_resblock": 
         "extra_ff_mix_layer": True, "use_spatial_context": True, "merge_strategy": "learned_with_images",
         "merge_factor": 0.0, "video_kernel_size": [3, 1, 1], "disable_temporal_crossattention": False}
 
+# PixelDiT's tiny layout (PiD builds on it)
+_PIXELDIT = {"in_channels": 3, "num_groups": 2, "hidden_size": 32, "pixel_hidden_size": 8, "pixel_attn_hidden_size": 16,
+             "pixel_num_groups": 2, "patch_depth": 2, "pixel_depth": 1, "patch_size": 4, "txt_embed_dim": CONTEXT,
+             "txt_max_length": 4}
+
 # supported_models config -> tiny_models family whose tiny unet_config, conditioning and latent it uses.
 BASES = {
     "Flux": "flux", "FluxSchnell": "flux_schnell", "Flux2": "flux2", "Chroma": "chroma", "WAN21_T2V": "wan21",
@@ -100,6 +105,10 @@ class Tiny:
     context: int = CONTEXT  # width of the text features
     length: int = 4  # text tokens
     state: Callable | None = None  # generator -> the state dict get_model reads (weights beside the diffusion model)
+    # diffusion-model buffer -> its value, or a function of its shape: buffers a checkpoint fills, which the
+    # constructor leaves as torch.empty (set before the weights are drawn: init_weights redraws a buffer holding
+    # non-finite garbage, which would shift every weight drawn after it)
+    buffers: dict = dataclasses.field(default_factory=dict)
 
 
 def _randn(*shape):
@@ -108,6 +117,31 @@ def _randn(*shape):
 
 # Tiny layouts of the configs' own, by config (a subclass config uses its closest ancestor's, with OVERRIDES).
 OWN: dict[str, Tiny] = {
+    # MiniMax H3: one joint audio-video latent (a NestedTensor: 24-channel video, 32-channel x 2 audio, which the
+    # latent format builds from an empty 32-channel latent), its token refiner run once per sampling on the text
+    "MiniMaxH3": Tiny({"hidden_size": 32, "num_layers": 2, "token_refiner_num_layers": 1, "num_attention_heads": 2,
+                       "attention_head_dim": 16, "ffn_hidden_size": 64, "latents_dim": 24, "audio_latents_dim": 32,
+                       "text_dim": CONTEXT, "timestep_input_dim": 256, "time_embed_hidden_size": 32,
+                       "time_embed_dim": 16, "rope_inv_freq_len": 2}, (32, 2, 8, 8),
+                      buffers={"rope.inv_freq": 1.0 / 10000 ** (torch.arange(2) / 2)}),
+    # Mochi: asymmetric joint DiT (a wider video stream than text stream) on its 12-channel video latent; its
+    # blocks assert the released video-MLP width (12288), so the ratio makes up for the tiny stream width
+    "GenmoMochi": Tiny({"depth": 2, "patch_size": 2, "num_heads": 2, "hidden_size_x": 32, "hidden_size_y": 16,
+                        "mlp_ratio_x": 12288 / 32, "mlp_ratio_y": 2.0, "learn_sigma": False, "in_channels": 12,
+                        "qk_norm": True, "qkv_bias": False, "out_bias": True, "attn_drop": 0.0,
+                        "patch_embed_bias": True, "posenc_preserve_area": True, "timestep_mlp_bias": True,
+                        "attend_to_padding": False, "timestep_scale": 1000.0, "use_t5": True,
+                        "t5_feat_dim": CONTEXT, "t5_token_length": 4, "rope_theta": 10000.0}, (12, 2, 16, 16),
+                       cond=lambda gen: {"attention_mask": torch.ones((1, 4), dtype=torch.long)}),
+    # PixelDiT (pixel space: patch-level DiT blocks, then pixel-level blocks); PiD adds the low-quality latent
+    # (PiDConditioning's ``lq_latent``) projected into its patch blocks
+    "PixelDiTT2I": Tiny(_PIXELDIT, (3, 32, 32),
+                        cond=lambda gen: {"attention_mask": torch.ones((1, 4), dtype=torch.long)}),
+    "PiD": Tiny(dict(_PIXELDIT, lq_latent_channels=16, lq_hidden_dim=16, lq_num_res_blocks=1, lq_interval=1,
+                     sr_scale=1, latent_spatial_down_factor=8), (3, 32, 32),
+                cond=lambda gen: {"attention_mask": torch.ones((1, 4), dtype=torch.long),
+                                  "lq_latent": torch.randn((1, 16, 4, 4), generator=gen),
+                                  "degrade_sigma": torch.tensor([0.0])}),
     # OmniGen2: Lumina-style refiner and main layers with grouped-query attention; Boogu adds dual-stream layers
     "Omnigen2": Tiny({"patch_size": 2, "in_channels": 16, "out_channels": 16, "hidden_size": 32, "num_layers": 1,
                       "num_refiner_layers": 1, "num_attention_heads": 2, "num_kv_heads": 1, "multiple_of": 16,
@@ -145,6 +179,8 @@ OWN: dict[str, Tiny] = {
     "SeedVR2": Tiny({"norm_eps": 1e-5, "num_layers": 2, "mlp_type": "swiglu", "vid_in_channels": 33,
                      "vid_dim": 32, "txt_in_dim": CONTEXT, "heads": 2, "head_dim": 16, "mm_layers": 1,
                      "rope_dim": 8, "vid_out_norm": True}, (16, 1, 8, 8),
+                    # its stored default text embeddings (the conditioning here brings its own text)
+                    buffers={"positive_conditioning": torch.zeros, "negative_conditioning": torch.zeros},
                     cond=lambda gen: {"condition": torch.cat([torch.randn((1, 16, 1, 8, 8), generator=gen),
                                                               torch.ones((1, 1, 1, 8, 8))], dim=1)}),
     # Cosmos 1 (GeneralDIT) and Cosmos Predict2 (MiniTrainDIT): adaLN-LoRA DiT blocks on a 3-D latent with 3-D
@@ -324,6 +360,9 @@ def build(name: str, seed: int = 0):
     config.set_inference_dtype(torch.float32, None)
     state = STATE.get(name) or (own.state if own is not None else None)
     model = config.get_model(state(_generator(seed)) if state is not None else {})
+    for buffer, value in (own.buffers if own is not None else {}).items():
+        target = model.diffusion_model.get_buffer(buffer)
+        target.copy_(value(target.shape) if callable(value) else value)
     tiny_models.init_weights(model.diffusion_model, seed)
     model.eval()
     cpu = torch.device("cpu")
