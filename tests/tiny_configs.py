@@ -117,6 +117,37 @@ def _randn(*shape):
 
 # Tiny layouts of the configs' own, by config (a subclass config uses its closest ancestor's, with OVERRIDES).
 OWN: dict[str, Tiny] = {
+    # Hunyuan3D 2.0 / 2.0 mini: Flux-style double and single blocks over a 1-D shape latent (64 channels x
+    # tokens), the image features as the context; 2.1: a plain DiT with mixture-of-experts layers
+    "Hunyuan3Dv2": Tiny({"in_channels": 64, "context_in_dim": CONTEXT, "hidden_size": 32, "mlp_ratio": 2.0,
+                         "num_heads": 2, "depth": 1, "depth_single_blocks": 1, "qkv_bias": True,
+                         "guidance_embed": False}, (64, 16)),
+    "Hunyuan3Dv2_1": Tiny({"in_channels": 64, "hidden_size": 32, "context_dim": CONTEXT, "depth": 2,
+                           "num_heads": 2, "num_moe_layers": 1, "guidance_cond_proj_dim": None, "num_experts": 2,
+                           "moe_top_k": 1}, (64, 16)),
+    # ACE-Step 1.5: a 1-D 64-channel audio latent; text, lyric and timbre (ComfyUI's silence latent when no
+    # reference audio is given) encoders, the audio tokenizer's hints concatenated to the latent
+    "ACEStep15": Tiny({"in_channels": 192, "hidden_size": 32, "text_hidden_dim": CONTEXT, "timbre_hidden_dim": 64,
+                       "audio_acoustic_hidden_dim": 64, "num_dit_layers": 2, "num_lyric_layers": 1,
+                       "num_timbre_layers": 1, "num_tokenizer_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+                       "head_dim": 16, "intermediate_size": 64, "patch_size": 2, "pool_window_size": 5,
+                       "sliding_window": 8, "fsq_dim": 32, "encoder_hidden_size": 32,
+                       "encoder_intermediate_size": 64, "encoder_num_heads": 2}, (64, 20),
+                      cond=lambda gen: {"conditioning_lyrics": torch.randn((1, 6, CONTEXT), generator=gen)}),
+    # Stable Audio 3: a 256-channel 1-D latent, adaLN from a shared global embedder (the seconds-total
+    # embedding), the inpainting mask + audio (1 + 256 channels, zeros here) added to every layer
+    "StableAudio3": Tiny({"io_channels": 256, "embed_dim": 64, "cond_token_dim": 768, "global_cond_dim": 768,
+                          "project_cond_tokens": True, "depth": 2, "num_heads": 2, "global_cond_type": "adaLN",
+                          "timestep_features_type": "learned", "input_concat_dim": 0,
+                          "local_add_cond_dim": 257}, (256, 16),
+                         context=768, state=lambda gen: _number_embedders(gen, "seconds_total")),
+    # Stable Audio 1: a 1-D 64-channel audio latent; its seconds-start/-total number embedders (768 wide, beside
+    # the diffusion model: weights from the state dict) give the global vector and two extra text tokens, so the
+    # text features are 768 wide too; its rotary embedding is at least 32 wide, so are the heads
+    "StableAudio": Tiny({"io_channels": 64, "embed_dim": 64, "cond_token_dim": 768, "global_cond_dim": 1536,
+                         "project_cond_tokens": True, "depth": 2, "num_heads": 2,
+                         "timestep_features_type": "learned", "input_concat_dim": 0}, (64, 16),
+                        context=768, state=lambda gen: _number_embedders(gen, "seconds_start", "seconds_total")),
     # MiniMax H3: one joint audio-video latent (a NestedTensor: 24-channel video, 32-channel x 2 audio, which the
     # latent format builds from an empty 32-channel latent), its token refiner run once per sampling on the text
     "MiniMaxH3": Tiny({"hidden_size": 32, "num_layers": 2, "token_refiner_num_layers": 1, "num_attention_heads": 2,
@@ -257,6 +288,18 @@ def _unclip(width):
         torch.randn((1, width), generator=gen)), "strength": 1.0, "noise_augmentation": 0.1}]}
 
 
+def _number_embedders(gen, *names, fourier="learned"):
+    """The seconds embedders' weights Stable Audio keeps beside its diffusion model (``NumberConditioner(768)``),
+    seeded, under the checkpoint's ``conditioner.conditioners.<name>.`` keys."""
+    import comfy.ldm.audio.embedders
+    state = {}
+    for name in names:
+        embedder = comfy.ldm.audio.embedders.NumberConditioner(768, fourier_features_type=fourier)
+        for key, value in embedder.state_dict().items():
+            state[f"conditioner.conditioners.{name}.{key}"] = torch.randn(value.shape, generator=gen) * 0.1
+    return state
+
+
 COND.update({"SD21UnclipL": _unclip(768), "SD21UnclipH": _unclip(1024)})
 # Zero123's projection of the CLIP-vision embedding + camera pose to the cross-attention width
 STATE["Stable_Zero123"] = lambda gen: {"cc_projection.weight": torch.randn((CONTEXT, CONTEXT), generator=gen) * 0.1,
@@ -265,11 +308,14 @@ STATE["Stable_Zero123"] = lambda gen: {"cc_projection.weight": torch.randn((CONT
 FRAMES_AS_BATCH = {"SVD_img2vid": 2}
 
 # Configs not sampled tiny here, and why.
-_AUDIO = "an audio model: its latent and conditioning are audio-shaped, which the tiny image/video families are not"
+_FIXED = ("its {} is built at a fixed size that no unet_config value sets ({}), so the model cannot be built tiny")
 _NOT_WRITTEN = "no tiny configuration is written for model class {} yet, nor for an ancestor config of it"
 UNBUILT = {
-    "StableAudio": _AUDIO, "StableAudio3": _AUDIO, "ACEStep": _AUDIO, "ACEStep15": _AUDIO,
-    "MiniMaxMusic3": _AUDIO,
+    "ACEStep": _FIXED.format("lyric encoder (a 6-block, 1024-wide Conformer)", "about 82 M parameters"),
+    "Anima": _FIXED.format("LLM adapter (six 1024-wide layers and a 32128-token embedding)",
+                           "about 135 M parameters"),
+    "MiniMaxMusic3": _FIXED.format("diffusion transformer (and its 4096-to-2048 conditioner)",
+                                   "about 2.5 G parameters"),
     "RT_DETR_v4": "a detection model, not a diffusion model: nothing to sample",
     "SAM3": "a segmentation model, not a diffusion model: nothing to sample",
     "SAM31": "a segmentation model, not a diffusion model: nothing to sample",
