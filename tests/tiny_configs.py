@@ -99,7 +99,7 @@ LATENTS = {"ChromaRadiance": (3, 0)}
 class Tiny:
     """A tiny layout of a config's own (for models no tiny_models family covers)."""
     unet: dict  # the tiny unet_config
-    latent: tuple  # the latent's shape, without the batch
+    latent: tuple | list  # the latent's shape, without the batch; a list of shapes: a NestedTensor of streams
     extra: dict = dataclasses.field(default_factory=dict)  # set after the config's unet_extra_config (heads...)
     cond: Callable | None = None  # generator -> the conditioning's extras (what extra_conds reads)
     context: int = CONTEXT  # width of the text features
@@ -117,6 +117,11 @@ def _randn(*shape):
 
 # Tiny layouts of the configs' own, by config (a subclass config uses its closest ancestor's, with OVERRIDES).
 OWN: dict[str, Tiny] = {
+    # TripoSplat (image to 3-D gaussian splats): one latent of two streams, the splat tokens (tokens x 16
+    # channels) and a camera token (1 x 5), refined and then joined with the image features in its blocks
+    "TripoSplat": Tiny({"q_token_length": 16, "in_channels": 16, "model_channels": 32, "cond_channels": CONTEXT,
+                        "out_channels": 16, "num_blocks": 1, "num_refiner_blocks": 1, "num_head_channels": 16,
+                        "cam_channels": 5, "cond2_channels": None, "mlp_ratio": 2}, [(16, 16), (1, 5)]),
     # Hunyuan3D 2.0 / 2.0 mini: Flux-style double and single blocks over a 1-D shape latent (64 channels x
     # tokens), the image features as the context; 2.1: a plain DiT with mixture-of-experts layers
     "Hunyuan3Dv2": Tiny({"in_channels": 64, "context_in_dim": CONTEXT, "hidden_size": 32, "mlp_ratio": 2.0,
@@ -316,6 +321,10 @@ UNBUILT = {
                            "about 135 M parameters"),
     "MiniMaxMusic3": _FIXED.format("diffusion transformer (and its 4096-to-2048 conditioner)",
                                    "about 2.5 G parameters"),
+    "HiDreamO1": ("not written yet: its diffusion model is a Qwen3-VL language and vision model run on pixel "
+                  "patches, fed token ids (text_input_ids) through its own conditioning builder"),
+    "Trellis2": ("not written yet: it samples sparse voxel structures whose coordinates, counts and generation "
+                 "mode come from its own conditioning nodes"),
     "RT_DETR_v4": "a detection model, not a diffusion model: nothing to sample",
     "SAM3": "a segmentation model, not a diffusion model: nothing to sample",
     "SAM31": "a segmentation model, not a diffusion model: nothing to sample",
@@ -440,6 +449,12 @@ def latent(name: str, seed: int | None = None, size: int = 16):
     family = base_family(name)
     if own is None and name not in LATENTS and family in tiny_models.AUDIO_VIDEO:
         return tiny_models.latent(family, seed=seed, size=size)
+    if own is not None and isinstance(own.latent, list):  # several streams in one latent (a NestedTensor)
+        import comfy.nested_tensor
+        gen = _generator(seed) if seed is not None else None
+        return {"samples": comfy.nested_tensor.NestedTensor(tuple(
+            torch.zeros((1,) + tuple(s)) if gen is None else torch.randn((1,) + tuple(s), generator=gen)
+            for s in own.latent))}
     if own is not None:
         shape = (1,) + tuple(LATENTS.get(name, own.latent))
     else:
