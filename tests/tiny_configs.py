@@ -106,13 +106,14 @@ class Tiny:
     length: int = 4  # text tokens
     state: Callable | None = None  # generator -> the state dict get_model reads (weights beside the diffusion model)
     # diffusion-model buffer -> its value, or a function of its shape: buffers a checkpoint fills, which the
-    # constructor leaves as torch.empty (set before the weights are drawn: init_weights redraws a buffer holding
-    # non-finite garbage, which would shift every weight drawn after it)
+    # constructor leaves as torch.empty or draws from the global generator (set before the weights are drawn:
+    # init_weights redraws a buffer holding non-finite garbage, which would shift every weight drawn after it)
     buffers: dict = dataclasses.field(default_factory=dict)
 
 
-def _randn(*shape):
-    return lambda gen: torch.randn(shape, generator=gen)
+def _inv_freq(shape):
+    """Rotary inverse frequencies, 1 / 10000^(2i/d), for a buffer of d/2 values."""
+    return 1.0 / 10000 ** (torch.arange(shape[0]) / shape[0])
 
 
 # Tiny layouts of the configs' own, by config (a subclass config uses its closest ancestor's, with OVERRIDES).
@@ -145,21 +146,23 @@ OWN: dict[str, Tiny] = {
                           "project_cond_tokens": True, "depth": 2, "num_heads": 2, "global_cond_type": "adaLN",
                           "timestep_features_type": "learned", "input_concat_dim": 0,
                           "local_add_cond_dim": 257}, (256, 16),
-                         context=768, state=lambda gen: _number_embedders(gen, "seconds_total")),
+                         context=768, state=lambda gen: _number_embedders(gen, "seconds_total"),
+                         buffers={"transformer.rotary_pos_emb.inv_freq": _inv_freq}),
     # Stable Audio 1: a 1-D 64-channel audio latent; its seconds-start/-total number embedders (768 wide, beside
     # the diffusion model: weights from the state dict) give the global vector and two extra text tokens, so the
     # text features are 768 wide too; its rotary embedding is at least 32 wide, so are the heads
     "StableAudio": Tiny({"io_channels": 64, "embed_dim": 64, "cond_token_dim": 768, "global_cond_dim": 1536,
                          "project_cond_tokens": True, "depth": 2, "num_heads": 2,
                          "timestep_features_type": "learned", "input_concat_dim": 0}, (64, 16),
-                        context=768, state=lambda gen: _number_embedders(gen, "seconds_start", "seconds_total")),
+                        context=768, state=lambda gen: _number_embedders(gen, "seconds_start", "seconds_total"),
+                        buffers={"transformer.rotary_pos_emb.inv_freq": _inv_freq}),
     # MiniMax H3: one joint audio-video latent (a NestedTensor: 24-channel video, 32-channel x 2 audio, which the
     # latent format builds from an empty 32-channel latent), its token refiner run once per sampling on the text
     "MiniMaxH3": Tiny({"hidden_size": 32, "num_layers": 2, "token_refiner_num_layers": 1, "num_attention_heads": 2,
                        "attention_head_dim": 16, "ffn_hidden_size": 64, "latents_dim": 24, "audio_latents_dim": 32,
                        "text_dim": CONTEXT, "timestep_input_dim": 256, "time_embed_hidden_size": 32,
                        "time_embed_dim": 16, "rope_inv_freq_len": 2}, (32, 2, 8, 8),
-                      buffers={"rope.inv_freq": 1.0 / 10000 ** (torch.arange(2) / 2)}),
+                      buffers={"rope.inv_freq": _inv_freq}),
     # Mochi: asymmetric joint DiT (a wider video stream than text stream) on its 12-channel video latent; its
     # blocks assert the released video-MLP width (12288), so the ratio makes up for the tiny stream width
     "GenmoMochi": Tiny({"depth": 2, "patch_size": 2, "num_heads": 2, "hidden_size_x": 32, "hidden_size_y": 16,
@@ -243,7 +246,9 @@ OWN: dict[str, Tiny] = {
                          "num_heads": 2, "caption_channels": CONTEXT, "model_max_length": 4,
                          "micro_condition": True, "pe_interpolation": 1.0}, (4, 48, 48),  # its position table
                         # is sized from the latent in 64-pixel steps, rounded: 48 latent pixels is the smallest
-                        cond=lambda gen: {"width": 128, "height": 128}),
+                        cond=lambda gen: {"width": 128, "height": 128},
+                        # the null-caption embedding, drawn from the global generator by the constructor
+                        buffers={"y_embedder.y_embedding": torch.zeros}),
     # HunyuanDiT: CLIP and mT5 text (each with its mask) and the image-size vector; v1.0 adds size and style
     # conditions (OVERRIDES)
     "HunyuanDiT": Tiny({"input_size": (16, 16), "patch_size": 2, "in_channels": 4, "hidden_size": 32, "depth": 2,
@@ -415,9 +420,10 @@ def build(name: str, seed: int = 0):
     config.set_inference_dtype(torch.float32, None)
     state = STATE.get(name) or (own.state if own is not None else None)
     model = config.get_model(state(_generator(seed)) if state is not None else {})
-    for buffer, value in (own.buffers if own is not None else {}).items():
-        target = model.diffusion_model.get_buffer(buffer)
-        target.copy_(value(target.shape) if callable(value) else value)
+    with torch.no_grad():
+        for buffer, value in (own.buffers if own is not None else {}).items():
+            target = model.diffusion_model.get_buffer(buffer)
+            target.copy_(value(target.shape) if callable(value) else value)
     tiny_models.init_weights(model.diffusion_model, seed)
     model.eval()
     cpu = torch.device("cpu")
