@@ -85,10 +85,11 @@ OVERRIDES = {
                        "nerf_mlp_ratio": 2, "nerf_depth": 1, "nerf_max_freqs": 4, "nerf_tile_size": 0,
                        "nerf_final_head_type": "linear", "nerf_embedder_dtype": None, "use_x0": False},
 }
-# Values given only where the running ComfyUI's parameter class has the field (newer versions added them):
-# config -> (module, dataclass, values).
+# Values given only where the running ComfyUI's parameter class (a dataclass's fields, or a class's constructor
+# parameters) has them (newer versions added them): config -> (module, class, values).
 NEWER_FIELDS = {
     "ChromaRadiance": ("comfy.ldm.chroma_radiance.model", "ChromaRadianceParams", {"use_sequential_txt_ids": False}),
+    "StableAudio": ("comfy.ldm.audio.dit", "AudioDiffusionTransformer", {"timestep_features_type": "learned"}),
 }
 # Latents that differ from the base family's: (channels, frames; 0 = an image latent).
 LATENTS = {"ChromaRadiance": (3, 0)}
@@ -152,8 +153,8 @@ OWN: dict[str, Tiny] = {
     # the diffusion model: weights from the state dict) give the global vector and two extra text tokens, so the
     # text features are 768 wide too; its rotary embedding is at least 32 wide, so are the heads
     "StableAudio": Tiny({"io_channels": 64, "embed_dim": 64, "cond_token_dim": 768, "global_cond_dim": 1536,
-                         "project_cond_tokens": True, "depth": 2, "num_heads": 2,
-                         "timestep_features_type": "learned", "input_concat_dim": 0}, (64, 16),
+                         "project_cond_tokens": True, "depth": 2, "num_heads": 2, "input_concat_dim": 0},
+                        (64, 16),
                         context=768, state=lambda gen: _number_embedders(gen, "seconds_start", "seconds_total"),
                         buffers={"transformer.rotary_pos_emb.inv_freq": _inv_freq}),
     # MiniMax H3: one joint audio-video latent (a NestedTensor: 24-channel video, 32-channel x 2 audio, which the
@@ -298,13 +299,14 @@ def _unclip(width):
         torch.randn((1, width), generator=gen)), "strength": 1.0, "noise_augmentation": 0.1}]}
 
 
-def _number_embedders(gen, *names, fourier="learned"):
-    """The seconds embedders' weights Stable Audio keeps beside its diffusion model (``NumberConditioner(768)``),
-    seeded, under the checkpoint's ``conditioner.conditioners.<name>.`` keys."""
+def _number_embedders(gen, *names):
+    """The seconds embedders' weights Stable Audio keeps beside its diffusion model (``NumberConditioner(768)``
+    with its default learned Fourier features, as the tiny layouts' ``timestep_features_type`` says), seeded,
+    under the checkpoint's ``conditioner.conditioners.<name>.`` keys."""
     import comfy.ldm.audio.embedders
     state = {}
     for name in names:
-        embedder = comfy.ldm.audio.embedders.NumberConditioner(768, fourier_features_type=fourier)
+        embedder = comfy.ldm.audio.embedders.NumberConditioner(768)
         for key, value in embedder.state_dict().items():
             state[f"conditioner.conditioners.{name}.{key}"] = torch.randn(value.shape, generator=gen) * 0.1
     return state
@@ -396,8 +398,11 @@ def unet_config(name: str) -> dict:
     if name in NEWER_FIELDS:
         import dataclasses
         import importlib
+        import inspect
         module, params, values = NEWER_FIELDS[name]
-        fields = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), params))}
+        params = getattr(importlib.import_module(module), params)
+        fields = ({f.name for f in dataclasses.fields(params)} if dataclasses.is_dataclass(params)
+                  else set(inspect.signature(params.__init__).parameters))
         config.update({k: v for k, v in values.items() if k in fields})
     return config
 
@@ -419,7 +424,8 @@ def build(name: str, seed: int = 0):
     config.unet_config.update(EXTRA.get(name, {}))
     config.set_inference_dtype(torch.float32, None)
     state = STATE.get(name) or (own.state if own is not None else None)
-    model = config.get_model(state(_generator(seed)) if state is not None else {})
+    with torch.no_grad():  # as under the executor (some get_model copy checkpoint weights into parameters)
+        model = config.get_model(state(_generator(seed)) if state is not None else {})
     with torch.no_grad():
         for buffer, value in (own.buffers if own is not None else {}).items():
             target = model.diffusion_model.get_buffer(buffer)
