@@ -1,10 +1,13 @@
 """Tiny models for every ``comfy.supported_models.models`` config of the running ComfyUI that can be built tiny.
 
-A config is built like a checkpoint loader builds it (``config(unet_config) -> get_model({})``), with the tiny
-``unet_config`` of the closest config in its MRO that ``tiny_models`` knows (a Wan variant gets the tiny Wan 2.1
-layout, an SDXL variant the tiny SDXL one), plus the config's own detection keys and the few values the variant
-needs (``OVERRIDES``: wider inputs for image-conditioned variants, Vace's hint layers). Conditioning and latent are
-those of that tiny family. Configs that cannot be sampled this way are named in ``UNBUILT`` with the reason.
+A config is built like a checkpoint loader builds it (``config(unet_config) -> get_model(state_dict)``), with the
+tiny layout of the closest config in its MRO that has one: a ``tiny_models`` family (``BASES``: a Wan variant gets
+the tiny Wan 2.1 layout, an SDXL variant the tiny SDXL one) or a layout of its own (``OWN``: unet_config, latent
+shape, the conditioning extras its ``extra_conds`` reads, the weights get_model reads beside the diffusion model,
+the buffers a checkpoint would fill), plus the config's own detection keys and the few values the variant needs
+(``OVERRIDES``: wider inputs for image-conditioned variants, Vace's hint layers; ``EXTRA``: values set after the
+config's unet_extra_config). Conditioning and latent are those of that layout. Configs that cannot be sampled this
+way are named in ``UNBUILT`` with the reason.
 
 ``comfy`` is imported inside the functions only (the harness sets up ComfyUI first).
 """
