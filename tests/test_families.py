@@ -11,6 +11,7 @@ import torch
 
 import graphs
 import tiny_configs
+import tiny_models
 from tiny_nodes import CAPTURED
 
 try:
@@ -69,7 +70,7 @@ def _run(comfy, config, method=None, inputs=None, steps=4):
     graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=steps, cfg=3.0)
     prompt["sampler"]["inputs"]["allow_distilled"] = True  # distilled configs are refused otherwise (tested below)
     _, ui = comfy.run(prompt)
-    return CAPTURED["out"].clone(), dict(CAPTURED["forwards"]), ui
+    return tiny_models.as_tensor(CAPTURED["out"]).clone(), dict(CAPTURED["forwards"]), ui
 
 
 def _skip_unbuilt(config):
@@ -90,6 +91,28 @@ def test_whole_model_caching_on_every_config(comfy, config, method):
     assert count["forwards"] < ref_count["forwards"], f"{method} skipped no forward on {config}: {count} {ref_count}"
     run = ui["sampler"]["cached_sampler"][0]["runs"][0]
     assert run["skipped"] > 0 and not run["notes"]
+
+
+@pytest.mark.slow
+def test_every_tiny_config_builds_the_same_weights_every_time(comfy):
+    """A build must not depend on what memory it is given: a buffer a constructor leaves as ``torch.empty`` (a
+    checkpoint would fill it) either feeds the model garbage or, holding non-finite garbage, is redrawn by
+    init_weights and shifts every weight drawn after it; both make a run's reference differ from the next run's.
+    Freed NaN-filled memory between the two builds makes such garbage show."""
+    differing = {}
+    for config in CONFIGS:
+        if tiny_configs.why_unbuilt(config) is not None:
+            continue
+        first = {k: v.clone() for k, v in tiny_configs.build(config).model.state_dict().items()}
+        for _ in range(4):
+            del_me = torch.full((1 << 22,), float("nan"))
+            del del_me
+        second = tiny_configs.build(config).model.state_dict()
+        bad = [k for k, v in first.items() if not torch.equal(v, second[k]) and not (v.isnan().all() and
+                                                                                   second[k].isnan().all())]
+        if bad:
+            differing[config] = bad[:3]
+    assert not differing, f"tiny configs whose weights differ between builds: {differing}"
 
 
 def test_the_parametrisation_covers_every_config_of_the_running_comfyui(comfy):
