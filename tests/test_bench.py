@@ -214,6 +214,9 @@ def test_vs_fewer_steps_without_comfyui():
     assert not v["45"]["beats"] and v["45"]["equal"]  # neither saves anything above 45 dB
     from bench_report import fmt_vs_fewer
     assert fmt_vs_fewer(v["30"]) == "1.40x fewer steps' reduction"
+    # over every level 30..45 dB: A saves more up to 41 dB, less at 42..44 dB (fewer steps' 9 steps keep 44 dB,
+    # A has nothing there), the same at 45 dB (neither saves anything)
+    assert a["versus_fewer_steps"]["A"] == {"better": 12, "equal": 1, "worse": 3, "beats": False}
     worse = bench.analyse(rows[:1] + [{"method": "A", "family": "A", "source": "pack", "psnr": 32.0, "work": 0.6}],
                           fewer)
     assert fmt_vs_fewer(worse["vs_fewer_steps"]["A"]["30"]) == "below fewer steps"

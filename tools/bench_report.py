@@ -64,8 +64,9 @@ def analyse_fewer_steps(by_method: dict[str, list], fewer: list[dict]) -> dict:
     core = {m: rs for m, rs in by_method.items() if rs[0]["source"] == "ComfyUI core"}
     for p, prs in core.items():
         versus[rows_family(prs)] = _versus(fewer, prs)
+    over_levels = {m: _versus(rs, fewer) for m, rs in by_method.items()}  # like vs EasyCache, every level
     return {"fewer_steps_targets": fs_targets, "fewer_steps_settings": fs_steps, "vs_fewer_steps": vs,
-            "fewer_steps_versus": versus}
+            "fewer_steps_versus": versus, "versus_fewer_steps": over_levels}
 
 
 def _versus(rs: list[dict], prs: list[dict]) -> dict:
@@ -152,7 +153,7 @@ def markdown(results: dict) -> str:
                      f"fewer steps, {_fewer_span(w)}, its PSNR against the {steps}-step output: the baseline every "
                      "method must beat. After each method's cell, its reduction against fewer steps' at the same "
                      "floor (*1.50x fewer steps' reduction* = it saves 1.5 times the share of work; *below* = "
-                     "fewer steps saves more there)." if w.get("fewer_steps_targets") is not None else ""), ""]
+                     "fewer steps saves more there); *vs fewer steps* = over the 16 levels, like the columns before it." if w.get("fewer_steps_targets") is not None else ""), ""]
         lines += targets_table(results, steps)
         lines.append("")
     lines += ["## Overhead when nothing is skipped", ""]
@@ -192,8 +193,10 @@ def targets_table(results: dict, steps: str) -> list[str]:
     w = results["digits"][steps]
     targets, versus = w["targets"], w["versus"]
     peers = sorted({p for v in versus.values() for p in v})
-    head = "| Method | " + " | ".join(f">= {t:g} dB" for t in TARGETS) + "".join(f" | vs {p}" for p in peers) + " |"
-    lines = [head, "|" + "---|" * (1 + len(TARGETS) + len(peers))]
+    over = w.get("versus_fewer_steps")
+    head = ("| Method | " + " | ".join(f">= {t:g} dB" for t in TARGETS) + "".join(f" | vs {p}" for p in peers)
+            + (" | vs fewer steps" if over is not None else "") + " |")
+    lines = [head, "|" + "---|" * (1 + len(TARGETS) + len(peers) + (over is not None))]
     settings = w.get("target_settings", {})
     fs = w.get("fewer_steps_targets")
     if fs is not None:
@@ -201,6 +204,8 @@ def targets_table(results: dict, steps: str) -> list[str]:
         cells = [fmt_pct(fs[f"{x:g}"]) + (f" ({fs_steps[f'{x:g}']} steps)" if fs_steps.get(f"{x:g}") else "")
                  for x in TARGETS]
         cells += [_fmt_versus(w.get("fewer_steps_versus", {}).get(p)) for p in peers]
+        if over is not None:
+            cells.append("-")
         lines.append(f"| {FEWER_STEPS} | " + " | ".join(cells) + " |")
     vs_fs = w.get("vs_fewer_steps", {})
     for method, t in targets.items():
@@ -210,6 +215,8 @@ def targets_table(results: dict, steps: str) -> list[str]:
                  for x in TARGETS]
         for p in peers:
             cells.append(_fmt_versus(versus.get(method, {}).get(p)))
+        if over is not None:
+            cells.append(_fmt_versus(over.get(method)))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 
