@@ -7,6 +7,9 @@ Everything runs through ComfyUI's executor on API-format prompts, in one process
   (and each pack method with TaylorSeer order 1 and 2 chained); model work is counted on the model
   itself (transformer blocks that really ran), PSNR/SSIM are measured on the decoded images against
   the uncached run at the same seed, recognisability with a k-NN on sklearn's digits;
+* the baseline every method must beat: the uncached sampler at every step count from 3 to the full one - 1,
+  its work counted the same way and its PSNR against the full-step output, and each method's best setting at
+  a PSNR floor against it;
 * wall-clock speedup against the uncached run, alternating baseline and method runs, medians;
 * per-step overhead when nothing is skipped, on a heavier random-weight Flux whose forward dominates.
 
@@ -124,7 +127,7 @@ def main(argv=None) -> int:
         results = load_results(Path(config.replot))
         results["meta"].pop("plot", None)
         for w in results["digits"].values():
-            w.update(analyse(w["rows"]))
+            w.update(analyse(w["rows"], w.get("fewer_steps")))
         write_outputs(results, Path(config.out), config.plot)
         print(f"bench: rewrote {config.out}/results.md" + (", pareto.png" if results["meta"].get("plot") else ""))
         return 0

@@ -1,7 +1,8 @@
 """The bench's Pareto plot (PSNR against block work), drawn with PIL only.
 
 One row of panels per step count; one column per forecast (none, TaylorSeer order 1, order 2), with
-ComfyUI's EasyCache/LazyCache (grey/black diamonds) in every panel for reference. One curve per method
+ComfyUI's EasyCache/LazyCache (grey/black diamonds) and the uncached sampler at fewer steps (thick maroon
+line, crosses: the baseline every method must beat) in every panel for reference. One curve per method
 (its sweep, in sweep order), colour = caching method. Outputs identical to the uncached run (PSNR inf)
 sit on the top row; every threshold sweep starts there (caching off). PSNR below 20 dB is drawn as an
 open circle on the bottom edge.
@@ -19,6 +20,8 @@ PALETTE = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 
 PEER_COLOURS = {"EasyCache": (150, 150, 150), "EasyCache (input copied)": (0, 0, 0), "LazyCache": (110, 110, 110)}
 PEER_DASH = {"EasyCache": (3, 4), "LazyCache": (10, 5)}
 OTHER_PEER = [(90, 60, 20), (60, 90, 20), (20, 60, 90)]
+FEWER_STEPS_STYLE = ((128, 0, 38), None, "cross", 3)  # the uncached sampler at fewer steps: thick maroon, crosses
+FEWER_STEPS_LABEL = "fewer steps (uncached)"
 
 
 def _font(size: int):
@@ -74,6 +77,10 @@ def _marker(draw, x, y, shape, colour, r):
         draw.rectangle([x - r, y - r, x + r, y + r], fill=colour)
     elif shape == "triangle":
         draw.polygon([(x, y - r * 1.2), (x - r * 1.1, y + r * 0.8), (x + r * 1.1, y + r * 0.8)], fill=colour)
+    elif shape == "cross":
+        w = max(1, int(r / 2))
+        draw.line([(x - r, y - r), (x + r, y + r)], fill=colour, width=w)
+        draw.line([(x - r, y + r), (x + r, y - r)], fill=colour, width=w)
     else:  # diamond
         draw.polygon([(x, y - r * 1.3), (x + r * 1.3, y), (x, y + r * 1.3), (x - r * 1.3, y)], fill=colour)
 
@@ -136,6 +143,8 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
     peers = [c for c in curves.values() if c["source"] != "pack"]
     legend_items = [(f, PALETTE[i % len(PALETTE)], None, "circle", 2) for i, f in enumerate(families)]
     legend_items += [(c["method"], *style[c["method"]]) for c in peers]
+    if any(results["digits"][st].get("fewer_steps") for st in steps_list):
+        legend_items.append((FEWER_STEPS_LABEL, *FEWER_STEPS_STYLE))
     width = len(groups) * pw
     probe = ImageDraw.Draw(Image.new("RGB", (8, 8)))
     widest = max((_text_size(probe, item[0], _font(15))[0] / s for item in legend_items), default=100)
@@ -207,6 +216,18 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
                 g = _group(curves[r["method"]])
                 if g == group or g == "peer":
                     by_curve.setdefault(r["method"], []).append(r)
+            fewer = sorted((r for r in results["digits"][steps].get("fewer_steps") or []
+                            if not r.get("error") and r.get("work") is not None and r.get("psnr") is not None),
+                           key=lambda r: -r["work"])
+            if fewer:  # from the full-step run itself (work 1, the same output) down to the fewest steps
+                colour, _, marker, lw_ = FEWER_STEPS_STYLE
+                pts = [(X(1.0), Y(math.inf))] + [(X(r["work"]), Y(r["psnr"])) for r in fewer]
+                _dashed(d, pts, colour, lw_ * s, None)
+                for (x, y), r in zip(pts[1:], fewer):
+                    if r["psnr"] < y_lo:
+                        d.ellipse([x - 5 * s, y - 5 * s, x + 5 * s, y + 5 * s], outline=colour, width=s)
+                    else:
+                        _marker(d, x, y, marker, colour, 6 * s)
             order = sorted(by_curve, key=lambda m: curves[m]["source"] == "pack")  # pack curves on top
             for m in order:
                 colour, dash, marker, lw_ = style[m]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 TARGETS = (30.0, 31.0, 35.0, 40.0, 45.0)
 VERSUS_LEVELS = tuple(float(v) for v in range(30, 46))
+FEWER_STEPS = "fewer steps (uncached)"  # the baseline: the uncached sampler at fewer steps
 
 
 # ------------------------------------------------------------------------------- analysis ----
@@ -28,10 +29,60 @@ def best_reduction(rows: list[dict], level: float) -> float:
     return best_point(rows, level)[0]
 
 
-def analyse(rows: list[dict]) -> dict:
+def analyse(rows: list[dict], fewer: list[dict] | None = None) -> dict:
+    """Per method: the best work reduction at each PSNR target (and its setting), how it compares with
+    ComfyUI's own nodes over every level, and, given the fewer-steps rows, with simply running fewer steps."""
     by_method: dict[str, list] = {}
     for r in rows:
         by_method.setdefault(r["method"], []).append(r)
+    out = _analyse(by_method)
+    if fewer:
+        out.update(analyse_fewer_steps(by_method, fewer))
+    return out
+
+
+def analyse_fewer_steps(by_method: dict[str, list], fewer: list[dict]) -> dict:
+    """The fewer-steps baseline at each PSNR target (its best reduction and step count), and for each method's
+    best setting at that target by how much it beats it: ``ratio`` = method's work reduction / fewer steps'
+    (None where fewer steps saves nothing), ``work_ratio`` = fewer steps' work / the method's (how many times
+    less block work the method does at the same floor), ``beats`` = it saves strictly more."""
+    fs_targets, fs_steps, vs = {}, {}, {}
+    for t in TARGETS:
+        b, where = best_point(fewer, t)
+        fs_targets[f"{t:g}"] = b
+        fs_steps[f"{t:g}"] = (where or {}).get("steps")
+    for m, rs in by_method.items():
+        vs[m] = {}
+        for t in TARGETS:
+            a, b = best_reduction(rs, t), fs_targets[f"{t:g}"]
+            vs[m][f"{t:g}"] = {
+                "reduction": a, "fewer_steps_reduction": b,
+                "ratio": a / b if b > 1e-12 else None,
+                "work_ratio": (1.0 - b) / (1.0 - a) if a < 1.0 - 1e-12 else None,
+                "beats": a > b + 1e-9, "equal": abs(a - b) <= 1e-9}
+    versus = {}
+    core = {m: rs for m, rs in by_method.items() if rs[0]["source"] == "ComfyUI core"}
+    for p, prs in core.items():
+        versus[rows_family(prs)] = _versus(fewer, prs)
+    over_levels = {m: _versus(rs, fewer) for m, rs in by_method.items()}  # like vs EasyCache, every level
+    return {"fewer_steps_targets": fs_targets, "fewer_steps_settings": fs_steps, "vs_fewer_steps": vs,
+            "fewer_steps_versus": versus, "versus_fewer_steps": over_levels}
+
+
+def _versus(rs: list[dict], prs: list[dict]) -> dict:
+    better = equal = worse = 0
+    for level in VERSUS_LEVELS:
+        a, b = best_reduction(rs, level), best_reduction(prs, level)
+        if a > b + 1e-9:
+            better += 1
+        elif a < b - 1e-9:
+            worse += 1
+        else:
+            equal += 1
+    return {"better": better, "equal": equal, "worse": worse, "beats": worse == 0 and better > 0}
+
+
+def _analyse(by_method: dict[str, list]) -> dict:
     targets = {m: {f"{t:g}": best_reduction(rs, t) for t in TARGETS} for m, rs in by_method.items()}
     settings = {m: {f"{t:g}": (best_point(rs, t)[1] or {}).get("value") for t in TARGETS}
                 for m, rs in by_method.items()}
@@ -43,17 +94,7 @@ def analyse(rows: list[dict]) -> dict:
             continue
         versus[m] = {}
         for p, prs in core.items():
-            better = equal = worse = 0
-            for level in VERSUS_LEVELS:
-                a, b = best_reduction(rs, level), best_reduction(prs, level)
-                if a > b + 1e-9:
-                    better += 1
-                elif a < b - 1e-9:
-                    worse += 1
-                else:
-                    equal += 1
-            versus[m][rows_family(prs)] = {"better": better, "equal": equal, "worse": worse,
-                                           "beats": worse == 0 and better > 0}
+            versus[m][rows_family(prs)] = _versus(rs, prs)
     return {"targets": targets, "target_settings": settings, "versus": versus}
 
 
@@ -107,7 +148,12 @@ def markdown(results: dict) -> str:
                   "Largest share of block work saved by any swept setting whose output stays at or above the "
                   "PSNR (dB). *vs EasyCache / LazyCache*: over every PSNR level 30, 31, ..., 45 dB, at how many "
                   "levels the method saves more / the same / less than ComfyUI's node; **beats** = never less "
-                  "and more at least once.", ""]
+                  "and more at least once."
+                  + (f" **{FEWER_STEPS}** (first row) = the uncached sampler (same sampler, scheduler, seed) at "
+                     f"fewer steps, {_fewer_span(w)}, its PSNR against the {steps}-step output: the baseline every "
+                     "method must beat. After each method's cell, its reduction against fewer steps' at the same "
+                     "floor (*1.50x fewer steps' reduction* = it saves 1.5 times the share of work; *below* = "
+                     "fewer steps saves more there); *vs fewer steps* = over the 16 levels, like the columns before it." if w.get("fewer_steps_targets") is not None else ""), ""]
         lines += targets_table(results, steps)
         lines.append("")
     lines += ["## Overhead when nothing is skipped", ""]
@@ -121,6 +167,16 @@ def markdown(results: dict) -> str:
                   f"k-NN {fmt_pct(b['knn_accuracy'])}.", ""]
         lines += sweep_table(w["rows"])
         lines.append("")
+        if w.get("fewer_steps"):
+            lines += [f"### {FEWER_STEPS}, against the {steps}-step output", "",
+                      "| Steps | Work | Work ratio (full / this) | PSNR dB | SSIM | k-NN |", "|---|---|---|---|---|---|"]
+            for r in w["fewer_steps"]:
+                if r.get("error"):
+                    lines.append(f"| {r['steps']} | error: {r['error']} | | | | |")
+                else:
+                    lines.append(f"| {r['steps']} | {fmt_pct(r['work'])} | {r['work_ratio']:.2f} | "
+                                 f"{fmt_db(r['psnr'])} | {r['ssim']:.4f} | {fmt_pct(r['knn_accuracy'])} |")
+            lines.append("")
     if results.get("skipped"):
         lines += ["## Found but not benchmarked", ""]
         lines += [f"* `{s['node']}`: {s['why']}" for s in results["skipped"]]
@@ -128,23 +184,59 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _fewer_span(w: dict) -> str:
+    done = [r["steps"] for r in w.get("fewer_steps") or []]
+    return f"{min(done)} to {max(done)} steps" if done else "no step counts"
+
+
 def targets_table(results: dict, steps: str) -> list[str]:
     w = results["digits"][steps]
     targets, versus = w["targets"], w["versus"]
     peers = sorted({p for v in versus.values() for p in v})
-    head = "| Method | " + " | ".join(f">= {t:g} dB" for t in TARGETS) + "".join(f" | vs {p}" for p in peers) + " |"
-    lines = [head, "|" + "---|" * (1 + len(TARGETS) + len(peers))]
+    over = w.get("versus_fewer_steps")
+    head = ("| Method | " + " | ".join(f">= {t:g} dB" for t in TARGETS) + "".join(f" | vs {p}" for p in peers)
+            + (" | vs fewer steps" if over is not None else "") + " |")
+    lines = [head, "|" + "---|" * (1 + len(TARGETS) + len(peers) + (over is not None))]
     settings = w.get("target_settings", {})
+    fs = w.get("fewer_steps_targets")
+    if fs is not None:
+        fs_steps = w.get("fewer_steps_settings", {})
+        cells = [fmt_pct(fs[f"{x:g}"]) + (f" ({fs_steps[f'{x:g}']} steps)" if fs_steps.get(f"{x:g}") else "")
+                 for x in TARGETS]
+        cells += [_fmt_versus(w.get("fewer_steps_versus", {}).get(p)) for p in peers]
+        if over is not None:
+            cells.append("-")
+        lines.append(f"| {FEWER_STEPS} | " + " | ".join(cells) + " |")
+    vs_fs = w.get("vs_fewer_steps", {})
     for method, t in targets.items():
         where = settings.get(method, {})
         cells = [fmt_pct(t[f"{x:g}"]) + (f" ({where[f'{x:g}']:g})" if where.get(f"{x:g}") is not None else "")
+                 + (f"; {fmt_vs_fewer(vs_fs[method][f'{x:g}'])}" if method in vs_fs else "")
                  for x in TARGETS]
         for p in peers:
-            v = versus.get(method, {}).get(p)
-            cells.append("-" if v is None else (f"**beats** ({v['better']}/{v['equal']}/{v['worse']})" if v["beats"]
-                                                else f"{v['better']}/{v['equal']}/{v['worse']}"))
+            cells.append(_fmt_versus(versus.get(method, {}).get(p)))
+        if over is not None:
+            cells.append(_fmt_versus(over.get(method)))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _fmt_versus(v: dict | None) -> str:
+    if v is None:
+        return "-"
+    return f"**beats** ({v['better']}/{v['equal']}/{v['worse']})" if v["beats"] else \
+        f"{v['better']}/{v['equal']}/{v['worse']}"
+
+
+def fmt_vs_fewer(v: dict) -> str:
+    """A method's best setting at a PSNR floor against fewer steps at the same floor."""
+    if v["equal"]:
+        return "same as fewer steps"
+    if not v["beats"]:
+        return "below fewer steps"
+    if v["ratio"] is None:
+        return "fewer steps saves none"
+    return f"{v['ratio']:.2f}x fewer steps' reduction"
 
 
 def overhead_table(results: dict) -> list[str]:

@@ -22,11 +22,12 @@ import bench_metrics
 import bench_nodes
 from bench_discover import (CHAIN_TYPE, ROOT, TAYLORSEER, Config, Method, discover, return_types, start_comfy,
                             widget_defaults)
-from bench_report import TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
+from bench_report import FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
 from work_nodes import CAPTURED
 
 EXTEND_BELOW_DB = 30.0  # sweeps are extended until a curve's PSNR drops below this
 OVERHEAD_TAYLORSEER_ON = ("fixed_cadence", "fbcache")  # TaylorSeer's own overhead, measured on these
+FEWER_STEPS_FROM = 3  # the fewer-steps baseline runs the uncached sampler at this many steps up to the full count - 1
 
 
 class BenchError(RuntimeError):
@@ -170,6 +171,41 @@ class Bench:
         return {"latent": ref.latent, "images": images, "blocks": ref.blocks, "block_rows": ref.block_rows,
                 "forwards": ref.forwards,
                 "evaluations": ref.evaluations, "seconds": ref.seconds, "knn_accuracy": accuracy}
+
+    def fewer_steps(self, wl: Workload, steps: int, ref: dict, first: int = FEWER_STEPS_FROM) -> list[dict]:
+        """The baseline every caching method must beat: the uncached sampler (same sampler, scheduler, seed,
+        model) at every step count from ``first`` to ``steps`` - 1. Work is counted by the same counting node
+        as every method's, relative to the full-step uncached run; PSNR/SSIM/k-NN of the decoded images against
+        that run's output, as for the methods."""
+        rows = []
+        labels = [int(c) for c in self.config.digits]
+        for n in range(first, steps):
+            row = {"method": FEWER_STEPS, "key": "fewer_steps", "family": FEWER_STEPS, "source": "baseline",
+                   "node": None, "kind": "fewer_steps", "taylorseer": None, "param": "steps", "value": n,
+                   "setting": f"steps={n}", "steps": n, "error": None}
+            rows.append(row)
+            try:
+                r = self.run(wl, None, None, n)
+            except BenchError as e:
+                row["error"] = str(e)
+                continue
+            finite = bool(torch.isfinite(r.latent).all())
+            images = self.digits_model.decode(r.latent.float())
+            row.update(
+                work=r.block_rows / ref["block_rows"] if ref["block_rows"] else None,
+                work_ratio=ref["block_rows"] / r.block_rows if r.block_rows else None,
+                block_rows=r.block_rows, blocks=r.blocks, evaluations=r.evaluations,
+                forwards=r.forwards / ref["forwards"] if ref["forwards"] else None,
+                psnr=bench_metrics.psnr(images, ref["images"]) if finite else None,
+                ssim=bench_metrics.ssim(images, ref["images"]) if finite else None,
+                knn_accuracy=self.digits_model.knn_label_accuracy(
+                    self.digits_model.decode_digits(r.latent.float()), labels) if finite else None,
+                seconds=r.seconds, identical=bool(torch.equal(r.latent, ref["latent"])))
+            if row["work"] is not None:
+                row["work_saved"] = 1.0 - row["work"]
+            if not finite:
+                row["error"] = "non-finite output"
+        return rows
 
     def sweep(self, wl: Workload, points: list[tuple[Method, object, dict]], steps: int, ref: dict,
               repeats: int, on_row: Callable[[dict], None] | None = None) -> list[dict]:
@@ -476,10 +512,16 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
         rows += failed
         for row in failed:
             bench.log(f"[{steps} steps] {row['method']:<44} {row['setting']:<24} {_fmt_row(row)}")
-        analysis = analyse(rows)
+        fewer = bench.fewer_steps(wl, steps, ref)
+        for row in fewer:
+            bench.log(f"[{steps} steps] {row['method']:<44} {row['setting']:<24} " + (
+                f"ERROR {row['error']}" if row.get("error") else
+                f"work {row['work']:.2f} (1/{row['work_ratio']:.2f})  PSNR {fmt_db(row['psnr']):>15}  "
+                f"SSIM {row['ssim']:.4f}  k-NN {fmt_pct(row['knn_accuracy'])}"))
+        analysis = analyse(rows, fewer)
         digits[str(steps)] = {
             "baseline": {k: ref[k] for k in ("blocks", "forwards", "evaluations", "seconds", "knn_accuracy")},
-            "rows": rows, **analysis}
+            "rows": rows, "fewer_steps": fewer, **analysis}
     overhead = None
     if config.overhead:
         overhead = bench.overhead([dataclasses.replace(m, values=[m.zero] if m.zero is not None else m.values[:1])
