@@ -13,7 +13,7 @@ Everything runs through ComfyUI's executor on API-format prompts, in one process
 * wall-clock speedup against the uncached run, alternating baseline and method runs, medians;
 * per-step overhead when nothing is skipped, on a heavier random-weight Flux whose forward dominates.
 
-Writes bench/results.md, bench/results.json and bench/pareto.png (see README, "Measured results").
+Writes bench/results.md, bench/results.json and bench/pareto.png (see docs/measured-results.md).
 
     python3 tools/bench.py            # the full bench (about 10-15 minutes on 2 CPU cores)
     python3 tools/bench.py --quick    # a 1-2 minute smoke run
