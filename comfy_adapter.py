@@ -45,6 +45,7 @@ and again when each run starts, since either patch can be applied after Apply In
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Callable
 
@@ -85,7 +86,15 @@ def model_card(model) -> ModelCard:
             if isinstance(child, torch.nn.ModuleList):
                 counts[name] = len(child)
     return build_card(mro, config_mro, sampling_classes, counts, diffusion=diffusion_facts(diffusion),
-                      config_settings=settings)
+                      config_settings=settings, file_name=loaded_file_name(model))
+
+
+def loaded_file_name(model) -> str:
+    """The file name of the checkpoint a core loader loaded ``model`` from, where the running ComfyUI records it
+    (``ModelPatcher.cached_patcher_init``: the loader and its arguments, the path first), else ""."""
+    init = getattr(model, "cached_patcher_init", None)
+    args = init[1] if isinstance(init, tuple) and len(init) > 1 and isinstance(init[1], tuple) else ()
+    return os.path.basename(args[0]) if args and isinstance(args[0], str) else ""
 
 
 def diffusion_facts(diffusion) -> DiffusionFacts | None:

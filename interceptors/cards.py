@@ -256,9 +256,15 @@ def block_inheritance_problem(ancestor: str, diffusion: DiffusionFacts | None) -
     return None
 
 
+# Words in a checkpoint's file name that mark a step-distilled release where ComfyUI's objects carry no marker of
+# their own (LTX-2's distilled checkpoint loads as the same config and class as the full one).
+DISTILLED_FILE_WORDS = ("distill",)
+
+
 def distilled_reason(config_mro: tuple[str, ...], settings: Mapping[str, object] | None = None,
-                     sampling_classes: tuple[str, ...] = ()) -> str | None:
-    """Why ComfyUI's own objects mark the model as step-distilled, or None."""
+                     sampling_classes: tuple[str, ...] = (), file_name: str = "") -> str | None:
+    """Why ComfyUI's own objects (or, failing them, the file the model was loaded from) mark the model as
+    step-distilled, or None."""
     for cls in config_mro:
         if cls in DISTILLED_CONFIGS:
             return DISTILLED_CONFIGS[cls]
@@ -269,13 +275,15 @@ def distilled_reason(config_mro: tuple[str, ...], settings: Mapping[str, object]
     for cls in sampling_classes:
         if cls in DISTILLED_SAMPLING:
             return DISTILLED_SAMPLING[cls]
+    if any(word in file_name.lower() for word in DISTILLED_FILE_WORDS):
+        return f"loaded from {file_name}, a step-distilled release by its name"
     return None
 
 
 def build_card(model_class: str | tuple[str, ...], config_class: str | tuple[str, ...] = "",
                sampling_classes: tuple[str, ...] = (), group_counts: Mapping[str, int] | None = None,
                block_hooks: bool = True, diffusion: DiffusionFacts | None = None,
-               config_settings: Mapping[str, object] | None = None) -> ModelCard:
+               config_settings: Mapping[str, object] | None = None, file_name: str = "") -> ModelCard:
     """The card for a model, from the names ComfyUI gives its parts.
 
     ``model_class`` is the class name of ``model.model`` or its whole MRO (most derived first); ``config_class``
@@ -283,7 +291,8 @@ def build_card(model_class: str | tuple[str, ...], config_class: str | tuple[str
     ``group_counts`` maps a block group's attribute name to the number of blocks found on the loaded
     model; a family without counts (or without block hooks) is offered at whole-model level only.
     ``diffusion`` describes the diffusion model, which decides whether a subclass of a known family may use
-    the family's block layout (:func:`block_inheritance_problem`).
+    the family's block layout (:func:`block_inheritance_problem`). ``file_name`` is the checkpoint's file name
+    where the loader recorded it (:data:`DISTILLED_FILE_WORDS`).
     """
     mro = (model_class,) if isinstance(model_class, str) else tuple(model_class)
     model_class = mro[0]
@@ -291,7 +300,7 @@ def build_card(model_class: str | tuple[str, ...], config_class: str | tuple[str
     config_mro = tuple(c for c in config_mro if c)
     config_name = config_mro[0] if config_mro else ""
     name = model_class if not config_name or config_name == model_class else f"{model_class} ({config_name})"
-    distilled = distilled_reason(config_mro, config_settings, sampling_classes)
+    distilled = distilled_reason(config_mro, config_settings, sampling_classes, file_name)
     # Variants ComfyUI adds later subclass a known family: the closest known ancestor names the family.
     key = next((c for c in mro if c in FAMILIES), None)
     if key is None:

@@ -173,6 +173,25 @@ def test_distilled_configs_are_refused_by_name(comfy, config):
     assert "step-distilled" in message and "allow_distilled" in message and config in message
 
 
+@pytest.mark.parametrize("config", ["LTXAV", "LTXV"])
+def test_a_checkpoint_named_distilled_is_refused_naming_the_file(comfy, config):
+    """LTX-2's distilled checkpoint loads as the same config and class as the full one; ComfyUI's core loaders
+    record the file they loaded (cached_patcher_init), and its name says what it is."""
+    if config not in CONFIGS:
+        pytest.skip(f"this ComfyUI has no {config} config")
+    _skip_unbuilt(config)
+    ic = comfy.module("interceptors")
+    model = tiny_configs.build(config)
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2, node="Fixed Cadence (node 5)")])
+    chain.validate_for(comfy.module("comfy_adapter").model_card(model))  # the full release: not refused
+    model.cached_patcher_init = (lambda *a, **k: None, ("diffusion_models/ltx-2-19b-distilled-fp8.safetensors", {}))
+    card = comfy.module("comfy_adapter").model_card(model)
+    with pytest.raises(ic.ChainError) as e:
+        chain.validate_for(card)
+    assert "ltx-2-19b-distilled-fp8.safetensors" in str(e.value) and "allow_distilled" in str(e.value)
+    chain.validate_for(card, allow_distilled=True)
+
+
 def test_autoregressive_video_sampler_on_causal_wan_never_crashes_and_computes_every_forward(comfy):
     if "WAN21_CausalAR_T2V" not in CONFIGS or "SamplerARVideo" not in comfy.nodes.NODE_CLASS_MAPPINGS:
         pytest.skip("this ComfyUI has no Wan CausalAR config or no SamplerARVideo")
