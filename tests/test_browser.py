@@ -93,15 +93,24 @@ try {
   result.views = [];  // images the page fetched from the server's /view
   page.on("response", (r) => { if (r.url().includes("/view?")) result.views.push(`${r.status()} ${r.url()}`); });
   const full = process.env.MODE !== "without-extension";
+  const zh = process.env.MODE === "zh";
   if (!full) await context.route("**/extensions/" + module + "/**", (route) => route.abort());
   await page.goto(url, { waitUntil: "domcontentloaded" });
   await page.waitForFunction(() => window.comfyAPI?.app?.app?.graph && window.LiteGraph, null, { timeout: 90000 });
   await page.waitForTimeout(1500);
+  if (zh) {  // the user's language setting, as the settings dialog sets it
+    await page.evaluate(async () => {
+      const app = window.comfyAPI.app.app;
+      if (app.extensionManager?.setting?.set) await app.extensionManager.setting.set("Comfy.Locale", "zh");
+      else await app.ui.settings.setSettingValueAsync("Comfy.Locale", "zh");
+    });
+    await page.waitForTimeout(1000);
+  }
   result.extensions = await page.evaluate(() =>
     window.comfyAPI.app.app.extensions.map((e) => e.name).filter((n) => n.startsWith("cached_sampler")));
   // Every example loads with no missing node types, and the frontend reads back the same widget values.
   result.examples = {};
-  for (const name of full ? JSON.parse(process.env.EXAMPLES) : []) {
+  for (const name of full && !zh ? JSON.parse(process.env.EXAMPLES) : []) {
     const before = result.console.length;
     result.examples[name] = await page.evaluate(async ([name, module]) => {
       const app = window.comfyAPI.app.app, api = window.comfyAPI.api.api;
@@ -158,6 +167,38 @@ try {
     api.addEventListener("progress_text", (e) => window.__progress.push(e.detail));
     window.__done = null;
     api.addEventListener("execution_success", () => { window.__done = "success"; });
+    // The sampler's layout, measured a little after each progress text while a layout check is on: the
+    // frontend's own progress box must be gone, the widgets inside the node, the node above the next one
+    // and no text of the summary cut.
+    window.__layout = () => {
+      const app = window.comfyAPI.app.app, ds = app.canvas.ds, title = window.LiteGraph.NODE_TITLE_HEIGHT;
+      const node = app.graph.nodes.find((n) => n.type === "CachedSampler");
+      const rect = app.canvas.canvas.getBoundingClientRect();
+      const bottom = node.pos[1] + node.size[1];
+      const below = app.graph.nodes.filter((n) => n !== node && n.pos[1] - title >= node.pos[1] &&
+        n.pos[0] < node.pos[0] + node.size[0] && n.pos[0] + n.size[0] > node.pos[0])
+        .sort((a, b) => a.pos[1] - b.pos[1])[0];
+      const summary = document.querySelector(".cached-sampler-summary");
+      const box = summary?.getBoundingClientRect();
+      const screenBottom = rect.top + ds.convertOffsetToCanvas([0, bottom])[1];
+      const cut = summary ? [summary, ...summary.querySelectorAll("div")].filter((e) =>
+        e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1).map((e) =>
+        `${e.textContent.slice(0, 60)}: ${e.scrollWidth}x${e.scrollHeight} in ${e.clientWidth}x${e.clientHeight}`) : [];
+      const widgets = node.widgets.map((w) => ({ name: w.name, y: w.last_y ?? w.y ?? 0,
+        h: w.computedHeight ?? (w.computeSize?.(node.size[0])?.[1] ?? window.LiteGraph.NODE_WIDGET_HEIGHT) }));
+      return {
+        state: summary?.dataset.state ?? null, text: summary?.innerText ?? null,
+        progressBox: node.widgets.some((w) => w.name === "$$node-text-preview"),
+        nodeBottom: bottom, nextTop: below ? below.pos[1] - title : null, next: below?.title ?? null,
+        outside: widgets.filter((w) => w.y + w.h > node.size[1] + 1).map((w) => `${w.name} ${w.y}+${w.h} > ${node.size[1]}`),
+        summaryBottom: box ? box.bottom : null, screenBottom, cut,
+      };
+    };
+    window.__samples = [];
+    window.__sampling = false;
+    api.addEventListener("progress_text", () => {
+      if (window.__sampling) setTimeout(() => window.__samples.push(window.__layout()), 30);
+    });
     api.addEventListener("execution_error", (e) => { window.__done = "error: " + JSON.stringify(e.detail).slice(0, 2000); });
     return { templates: list[module] ?? [], missing, nodes: app.graph.nodes.length, samplerId: String(sampler.id),
              savedValues: wf.nodes.find((n) => n.type === "CachedSampler").widgets_values,
@@ -170,10 +211,29 @@ try {
   }, [result.loaded.samplerId, full ? 0 : 1]);
   await page.waitForFunction(() => window.__done !== null, null, { timeout: 150000 });
   result.done = await page.evaluate(() => window.__done);
-  await page.waitForFunction(() => {
-    const el = document.querySelector(".cached-sampler-summary");
-    return el && el.textContent.includes("computed");
-  }, null, { timeout: 20000 }).catch(() => {});
+  const summaryShown = () => page.waitForFunction(() =>
+    document.querySelector(".cached-sampler-summary")?.dataset.state === "summary", null, { timeout: 20000 }
+  ).catch(() => {});
+  await summaryShown();
+  if (full && result.done === "success") {  // a second run, over the first run's summary
+    result.first = await page.evaluate(() => window.__layout());
+    await page.evaluate(async ([samplerId]) => {
+      const app = window.comfyAPI.app.app;
+      const seed = app.graph.getNodeById(Number(samplerId)).widgets.find((w) => w.name === "seed");
+      const kept = seed.value;
+      seed.value = 7;
+      window.__done = null;
+      window.__sampling = true;
+      await app.queuePrompt(0, 1);
+      seed.value = kept;  // the prompt is queued: the workflow reads as it was loaded again
+    }, [result.loaded.samplerId]);
+    await page.waitForFunction(() => window.__done !== null, null, { timeout: 150000 });
+    result.done = await page.evaluate(() => window.__done);
+    await summaryShown();
+    await page.waitForTimeout(500);
+    result.samples = await page.evaluate(() => { window.__sampling = false; return window.__samples; });
+    result.second = await page.evaluate(() => window.__layout());
+  }
   result.after = await page.evaluate((samplerId) => {
     const app = window.comfyAPI.app.app;
     const sampler = app.graph.getNodeById(Number(samplerId));
@@ -183,7 +243,8 @@ try {
       summaryText: summary ? summary.innerText : null,
       previewText: sampler.widgets.find((w) => w.name === "$$node-text-preview")?.value ?? null,
       summaryVisible: !!summary && summary.getBoundingClientRect().height > 20,
-      strip: summary ? [...summary.querySelectorAll("[title^='evaluation ']")].map((c) => c.title.split(": ")[1]) : [],
+      strip: summary ? [...summary.querySelectorAll("[data-decision]")].map((c) => c.dataset.decision) : [],
+      cellTitles: summary ? [...summary.querySelectorAll("[data-decision]")].map((c) => c.title) : [],
       plot: (() => {  // the tuning plot as the Preview Image node shows it
         const node = app.graph.nodes.find((n) => n.title === "Tuning plot");
         return { outputs: app.nodeOutputs?.[String(node.id)]?.images ?? null };
@@ -206,6 +267,7 @@ try {
   }, result.loaded.samplerId);
   await page.waitForTimeout(1000);
   await page.screenshot({ path: shot });
+  if (zh) await page.evaluate(() => window.comfyAPI.app.app.extensionManager?.setting?.set?.("Comfy.Locale", "en"));
 } catch (e) {
   result.error = String(e && e.stack || e);
 } finally {
@@ -322,6 +384,24 @@ def test_without_the_extension_the_node_still_shows_the_summary_text(comfy_serve
     assert after["savedValues"][:len(saved)] == [1, *saved[1:]], "the frontend alone keeps the widget positions"
 
 
+def check_layout(result: dict) -> None:
+    """While the second run goes and after it: one box (the frontend's own progress box taken off), every
+    widget inside the node, the node above the node below it, and no line of the summary cut."""
+    samples = result["samples"]
+    assert len(samples) >= 20, f"the layout was measured during the second run: {len(samples)} samples"
+    assert any(s["state"] == "live" for s in samples), "the live progress text showed in the summary widget"
+    for when, layout in [("after the first run", result["first"]), *(("during the second run", s) for s in samples),
+                         ("after the second run", result["second"])]:
+        assert not layout["progressBox"], f"{when}: the frontend's progress box is stacked under the summary"
+        assert not layout["outside"], f"{when}: widgets below the node's bottom: {layout['outside']}"
+        assert layout["next"] and layout["nodeBottom"] <= layout["nextTop"], \
+            f"{when}: the sampler ({layout['nodeBottom']}) runs into {layout['next']!r} ({layout['nextTop']})"
+        assert layout["summaryBottom"] <= layout["screenBottom"] + 1, \
+            f"{when}: the summary ({layout['summaryBottom']}) spills below the node ({layout['screenBottom']})"
+        assert not layout["cut"], f"{when}: text cut: {layout['cut']}"
+    assert result["second"]["state"] == "summary"
+
+
 def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     url, tmp = comfy_server
     ARTIFACTS.mkdir(exist_ok=True)
@@ -364,8 +444,12 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     assert plot and len(plot) == 1, after["plot"]
     assert any(v.startswith("200 ") and f"filename={plot[0]['filename']}&" in v for v in result["views"]), \
         (plot, result["views"])
-    assert len(after["progress"]) >= 20, "live progress text arrived for each step"
+    assert len(after["progress"]) >= 40, "live progress text arrived for each step of both runs"
     assert after["progress"][0].splitlines()[1].startswith("step 1/20:")
+    assert after["cellTitles"][0] in ("evaluation 1: computed", "evaluation 1: skipped"), after["cellTitles"][0]
+    live = [s["text"] for s in result["samples"] if s["state"] == "live"]
+    assert any("skipped so far" in t and "threshold" in t for t in live), live[:3]
+    check_layout(result)
 
     # The summary is display only: not in the saved workflow, not in the prompt.
     assert after["savedValues"] == loaded["savedValues"], (after["savedValues"], loaded["savedValues"])
@@ -379,4 +463,31 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     assert not errors, errors
     ours = [f for f in result["failed"] if PACK_DIR_NAME in f or "cached_sampler" in f.lower()]
     assert not ours, f"requests for the pack's files failed: {ours}"
+    assert shot.is_file()
+
+
+def test_in_a_chinese_ui_the_summary_and_live_text_are_chinese(comfy_server):
+    """With the frontend's language set to Chinese the node's labels and the live text's fixed phrases are
+    Chinese; numbers and method names stay as they are, and the layout holds with the wider characters."""
+    url, tmp = comfy_server
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "browser_tiny_digits_zh.png"
+    result = drive(url, tmp, shot, "zh")
+    assert "cached_sampler.summary" in result["extensions"]
+    assert result["done"] == "success", result["done"]
+    after = result["after"]
+    text = after["summaryText"] or ""
+    assert text.splitlines()[0] == "First Block Cache + TaylorSeer", text
+    assert "已计算 " in text and "/20 步" in text and "节省 " in text, text
+    assert "生效：First Block Cache" in text, text
+    for english in ("computed", "saved", "acted", "steps"):
+        assert english not in text, f"{english!r} left in English: {text}"
+    assert after["cellTitles"][0] in ("第 1 次评估：已计算", "第 1 次评估：已跳过"), after["cellTitles"][0]
+    computed = int(text.split("已计算 ")[1].split("/20 步")[0])
+    assert after["strip"].count("computed") == computed and len(after["strip"]) == 20, (after["strip"], text)
+    live = [s["text"] for s in result["samples"] if s["state"] == "live"]
+    assert live and all(t.splitlines()[0] == "First Block Cache + TaylorSeer" for t in live), live[:3]
+    assert any("步：已计算" in t and "阈值" in t for t in live), live[:3]
+    assert not any("skipped so far" in t or "threshold" in t for t in live), live[:3]
+    check_layout(result)
     assert shot.is_file()
