@@ -5,7 +5,10 @@ the server's template endpoint the way the template browser does (no missing nod
 values read back), queues the tiny-model one, and checks that the Cached Sampler node shows the run
 summary and its decision strip, that the tuning plot reached its Preview Image node, that progress text
 arrived while it ran, that the summary is not saved in the workflow and that nothing of the pack logged an
-error. The same checks hold with the older (1.35) and the newer (1.49) frontend. Everything it starts is stopped, and bounded in time.
+error. It queues the sampler a second time and measures the node during and after that run (the live text in
+the summary box, no second progress box, nothing below the node's bottom or over the node below, no text cut),
+in English and with the frontend's language set to Chinese. The same checks hold with the older (1.35) and the
+newer (1.49) frontend. Everything it starts is stopped, and bounded in time.
 Installs nothing: ``tools/setup.sh`` provides Chromium and playwright-core (in ``.browser/``).
 """
 from __future__ import annotations
