@@ -270,7 +270,13 @@ try {
   }, result.loaded.samplerId);
   await page.waitForTimeout(1000);
   await page.screenshot({ path: shot });
-  if (zh) await page.evaluate(() => window.comfyAPI.app.app.extensionManager?.setting?.set?.("Comfy.Locale", "en"));
+  if (zh) {  // back to English for any later run (both frontends rebuild their nodes on a change of language)
+    await page.evaluate(async () => {
+      const app = window.comfyAPI.app.app;
+      if (app.extensionManager?.setting?.set) await app.extensionManager.setting.set("Comfy.Locale", "en");
+      else await app.ui.settings.setSettingValueAsync("Comfy.Locale", "en");
+    });
+  }
 } catch (e) {
   result.error = String(e && e.stack || e);
 } finally {
