@@ -14,11 +14,12 @@ poor clock. The Chebyshev variable maps the run's own schedule onto [-1, 1] (its
 instead. With lambda 0 the forecast does not depend on the map (polynomials of degree m stay polynomials of degree
 m under an affine change of variable); with lambda > 0 it does, since the penalty acts on the coefficients.
 
-The design matrix depends only on sigmas, so the fit is one small (m + 1) x (m + 1) system, solved in float64 on
-the host; the forecast is then a fixed linear combination of the kept tensors (``g = X (X^T X + lambda I)^-1
-x*``), formed in float32 like TaylorSeer's, without a per-element solve. A slot keeps at most ``window`` tensors
-(the reference keeps every computed step; a window bounds memory). While fewer than ``degree + 2`` points exist
-(the reference's ``K >= M + 2`` for a stable fit) the forecast is the local polynomial alone. As in the reference,
+The design matrix depends only on sigmas, so the fit is one small (m + 1) x (m + 1) system, solved in Python
+floats (float64) on the host, with no tensor read back; the forecast is then a fixed linear combination of the
+kept tensors (``g = X (X^T X + lambda I)^-1 x*``), formed in float32 like TaylorSeer's, without a per-element
+solve. A slot keeps at most ``window`` tensors (the reference keeps every computed step; a window bounds memory).
+While fewer than ``degree + 2`` points exist (the reference's ``K >= M + 2`` for a stable fit) the forecast is the
+local polynomial alone. As in the reference,
 the penalty covers every coefficient, T_0 included, so with lambda > 0 the Chebyshev part shrinks towards zero (a
 constant is forecast slightly below itself); lambda 0 is an unbiased least-squares fit.
 """
@@ -107,22 +108,44 @@ def chebyshev_taus(sigmas: Sequence[float], span: tuple[float, float]) -> list[f
     return [2.0 * (s - first) / (last - first) - 1.0 for s in sigmas]
 
 
-def chebyshev_design(taus: Sequence[float], degree: int) -> torch.Tensor:
-    """Rows [T_0(tau), ..., T_degree(tau)], float64, by the recurrence T_k = 2 tau T_(k-1) - T_(k-2)."""
-    t = torch.tensor(list(taus), dtype=torch.float64).reshape(-1, 1)
-    cols = [torch.ones_like(t), t]
-    for _ in range(2, degree + 1):
-        cols.append(2.0 * t * cols[-1] - cols[-2])
-    return torch.cat(cols[:degree + 1], dim=1)
+def chebyshev_design(taus: Sequence[float], degree: int) -> list[list[float]]:
+    """Rows [T_0(tau), ..., T_degree(tau)] by the recurrence T_k = 2 tau T_(k-1) - T_(k-2)."""
+    rows = []
+    for t in taus:
+        row = [1.0, t]
+        for _ in range(2, degree + 1):
+            row.append(2.0 * t * row[-1] - row[-2])
+        rows.append(row[:degree + 1])
+    return rows
 
 
 def chebyshev_weights(sigmas: Sequence[float], at: float, span: tuple[float, float], degree: int,
                       ridge: float) -> list[float]:
     """Weights g with ``sum g_i f(sigmas_i)`` = the ridge Chebyshev fit of f at ``at``: g = X (X^T X + ridge I)^-1 x*.
-    One (degree + 1) system for every element of the fitted tensors."""
-    taus = chebyshev_taus([*sigmas, at], span)
-    design = chebyshev_design(taus, degree)
-    x, x_star = design[:-1], design[-1:]
-    gram = x.T @ x + ridge * torch.eye(degree + 1, dtype=torch.float64)
-    g = x @ torch.linalg.solve(gram, x_star.T)
-    return [float(v) for v in g.reshape(-1)]
+    One (degree + 1) system for every element of the fitted tensors, in Python floats (float64): it depends only on
+    sigmas, and reading a tensor back would wait for the device."""
+    *x, x_star = chebyshev_design(chebyshev_taus([*sigmas, at], span), degree)
+    p = degree + 1
+    gram = [[sum(r[i] * r[j] for r in x) + (ridge if i == j else 0.0) for j in range(p)] for i in range(p)]
+    z = solve(gram, x_star)
+    return [sum(r[i] * z[i] for i in range(p)) for r in x]
+
+
+def solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """``a^-1 b`` by Gaussian elimination with partial pivoting (``a`` small and symmetric positive definite)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[pivot] = m[pivot], m[col]
+        if m[col][col] == 0.0:
+            raise InterceptorError("Spectrum: the Chebyshev fit is singular (too few distinct sigmas).")
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            if f:
+                for c in range(col, n + 1):
+                    m[r][c] -= f * m[col][c]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (m[r][n] - sum(m[r][c] * out[c] for c in range(r + 1, n))) / m[r][r]
+    return out
