@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
 
@@ -189,6 +189,11 @@ class Estimator(Interceptor):
     role: ClassVar[Role] = Role.ESTIMATOR
     granularity: ClassVar[Granularity | None] = None
     Slot: ClassVar[type]
+
+    def new_slot(self, schedule: Sequence[float]):
+        """A fresh slot for a run sampling ``schedule`` (its sigmas, first to last). Most estimators need only
+        the sigmas they observe; one that normalises time by the run's range (Spectrum) takes it from here."""
+        return self.Slot()
 
     def observe(self, slot, value: torch.Tensor, sigma: float) -> None:
         raise NotImplementedError

@@ -5,9 +5,9 @@ known before a 14B video model is loaded. Per CFG branch a run keeps:
 
 * block-level methods (DBCache, First Block Cache, TeaCache, MagCache): one residual per skippable
   segment and stream, in the model's compute dtype, ``points`` of them (1 when reusing, ``order + 1``
-  with TaylorSeer); plus the decider's anchor: the probe block's image-stream residual (DBCache, First
-  Block Cache) or block 0's modulated input (TeaCache; for Wan its timestep embedding e0); MagCache keeps
-  only numbers;
+  with TaylorSeer, up to ``window`` with Spectrum: one per computed step until the window is full); plus
+  the decider's anchor: the probe block's image-stream residual (DBCache, First Block Cache) or block 0's
+  modulated input (TeaCache; for Wan its timestep embedding e0); MagCache keeps only numbers;
 * whole-model methods (Fixed Cadence, Adaptive Cache): ``points`` model outputs in float32 (ComfyUI hands
   the sampler float32), and the Adaptive Cache three more latent-sized tensors (its input and output
   anchors and the last input).
@@ -82,11 +82,13 @@ class CacheMemory:
 
 
 def cache_memory(shape: StreamShape, method: str, order: int | None = None, cache_on_cpu: bool = False,
-                 branches: int | None = None) -> CacheMemory:
-    """Bytes ``method`` keeps for ``shape`` (``order`` None: reuse, else TaylorSeer's order), all branches."""
+                 branches: int | None = None, points: int | None = None) -> CacheMemory:
+    """Bytes ``method`` keeps for ``shape`` (``order`` None: reuse, else TaylorSeer's order), all branches.
+    ``points`` overrides what ``order`` implies: Spectrum keeps min(window, computed steps) points."""
     if method == "fbcache":
         method = "dbcache"
-    points = 1 if order is None else order + 1
+    if points is None:
+        points = 1 if order is None else order + 1
     n = shape.branches if branches is None else branches
     anchor, cached = n * shape.anchor(method), n * shape.cached(method, points)
     # every kept tensor, anchors included, goes through the run's cache placement (LoopState.keep/to_cache)

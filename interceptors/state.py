@@ -503,7 +503,7 @@ class LoopState:
         slots = self.cache_of(key).slots
         slot = slots.get(name)
         if slot is None:
-            slot = slots[name] = self.estimator.Slot()
+            slot = slots[name] = self.estimator.new_slot(self.sample_sigmas)
         self.estimator.observe(slot, self.to_cache(value), sigma)
 
     def has(self, key: BranchKey, name: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Callable
 from comfy_api.latest import io
 
 from ..interceptors import (AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, GuidanceCache, Interceptor, MagCache,
-                            TaylorSeer, TeaCache)
+                            Spectrum, TaylorSeer, TeaCache)
 from ..interceptors import guidance as guidance_method
 from ..interceptors import magcache as magcache_method
 from ..interceptors import teacache as teacache_method
@@ -101,6 +101,30 @@ TaylorSeerNode = config_node(
         "0 reuses the last value; 1 extrapolates linearly (recommended); 2 adds curvature (more aggressive)."))],
     lambda order: TaylorSeer(order=order))
 
+SpectrumNode = config_node(
+    "Spectrum", "Spectrum Forecast",
+    "Forecasts skipped work from a global fit instead of reusing it stale (Spectrum, arXiv 2603.01623): Chebyshev "
+    "polynomials in sigma fitted by ridge regression to the last computed steps, blended with TaylorSeer's local "
+    "line. Keeps up to 'window' computed values per cached quantity and CFG branch (TaylorSeer keeps order + 1). "
+    "Chain it with a caching node (Fixed Cadence, Adaptive Cache, DBCache, First Block Cache); it decides nothing "
+    "by itself.",
+    [io.Int.Input("window", default=10, min=3, max=100, tooltip=(
+        "Computed steps kept and fitted, at most (each one a cached tensor: memory grows with it). At least "
+        "degree + 2; until that many steps are computed the local forecast is used alone.")),
+     io.Int.Input("degree", default=4, min=1, max=8, tooltip=(
+         "Highest Chebyshev polynomial of the fit (the paper's m, default 4). Lower is smoother and needs fewer "
+         "computed steps before it is used.")),
+     io.Float.Input("ridge", default=0.1, min=0.0, max=10.0, step=0.01, tooltip=(
+         "Ridge regularisation of the fit (the paper's lambda, default 0.1); 0 is a plain least-squares fit.")),
+     io.Float.Input("blend", default=0.5, min=0.0, max=1.0, step=0.05, tooltip=(
+         "Weight of the Chebyshev forecast against the local one (the paper's w): 1 is Chebyshev alone, 0 is "
+         "TaylorSeer alone. The authors recommend 0.5-1.0, higher when more steps are skipped.")),
+     io.Int.Input("order", default=1, min=0, max=2, tooltip=(
+         "Order of the local forecast (TaylorSeer's): 1, a line through the last two computed steps, as the "
+         "paper."))],
+    lambda window, degree, ridge, blend, order: Spectrum(
+        window=window, degree=degree, ridge=ridge, blend=blend, order=order))
+
 AdaptiveCacheNode = config_node(
     "AdaptiveCache", "Adaptive Cache",
     "EasyCache-style runtime-adaptive cache (arXiv 2507.02860) at whole-model level: predicts how much the "
@@ -177,5 +201,5 @@ GuidanceCacheNode = config_node(
         interval=interval, mode=mode, threshold=threshold, estimate=estimate, start_percent=start_percent,
         end_percent=end_percent))
 
-CONFIG_NODES = [FixedCadenceNode, DBCacheNode, FirstBlockCacheNode, TaylorSeerNode, AdaptiveCacheNode, TeaCacheNode,
-                MagCacheNode, GuidanceCacheNode]
+CONFIG_NODES = [FixedCadenceNode, DBCacheNode, FirstBlockCacheNode, TaylorSeerNode, SpectrumNode, AdaptiveCacheNode,
+                TeaCacheNode, MagCacheNode, GuidanceCacheNode]

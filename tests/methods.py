@@ -10,6 +10,8 @@ def skipping(ic) -> dict[str, list]:
     return {
         "fixed cadence": [ic.FixedCadence(interval=2)],
         "fixed cadence + taylorseer": [ic.FixedCadence(interval=3), ic.TaylorSeer(order=2)],
+        # window 4, degree 2: the Chebyshev fit takes part from the 4th computed step (step 6 of 8) on
+        "fixed cadence + spectrum": [ic.FixedCadence(interval=2), ic.Spectrum(window=4, degree=2)],
         "adaptive": [ic.AdaptiveCache(threshold=0.6, **WINDOW)],
         "dbcache": [ic.DBCache(threshold=1.0, warmup=0.0)],
         "dbcache + taylorseer": [ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, max_consecutive_cached=2,
@@ -26,6 +28,7 @@ def never_skips(ic) -> dict[str, list]:
     return {
         "fixed cadence": [ic.FixedCadence(interval=1)],
         "fixed cadence + taylorseer": [ic.FixedCadence(interval=1), ic.TaylorSeer(order=2)],
+        "fixed cadence + spectrum": [ic.FixedCadence(interval=1), ic.Spectrum(window=4, degree=2)],
         "adaptive": [ic.AdaptiveCache(threshold=0.0, **WINDOW)],
         "dbcache": [ic.DBCache(threshold=0.0, warmup=0.0)],
         "dbcache + taylorseer": [ic.DBCache(front=1, back=1, threshold=0.0, warmup=0.0, **WINDOW),
@@ -38,8 +41,8 @@ def never_skips(ic) -> dict[str, list]:
     }
 
 
-NAMES = ["fixed cadence", "fixed cadence + taylorseer", "adaptive", "dbcache", "dbcache + taylorseer", "fbcache",
-         "teacache", "magcache", "guidance cache", "guidance cache + fixed cadence"]
+NAMES = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "adaptive", "dbcache",
+         "dbcache + taylorseer", "fbcache", "teacache", "magcache", "guidance cache", "guidance cache + fixed cadence"]
 # Methods that act on the negative CFG branch only: at cfg 1 ComfyUI runs none, so they have nothing to skip.
 NEGATIVE_BRANCH_ONLY = {"guidance cache"}
 

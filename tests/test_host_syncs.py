@@ -46,6 +46,8 @@ def chains(ic):
     window = dict(start_percent=0.0, end_percent=1.0)
     return {
         "fixed cadence + taylorseer": [ic.FixedCadence(interval=2, **window), ic.TaylorSeer(order=1)],
+        # window 4, degree 1: the Chebyshev fit takes part from the 3rd computed step on
+        "fixed cadence + spectrum": [ic.FixedCadence(interval=2, **window), ic.Spectrum(window=4, degree=1)],
         "adaptive": [ic.AdaptiveCache(threshold=100.0, max_consecutive_cached=2, **window)],
         "dbcache": [ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, **window)],
         "fbcache": [ic.FirstBlockCache(threshold=50.0, warmup=0.0, **window)],
@@ -67,8 +69,8 @@ PER_EVALUATION = 1
 PER_RUN = 4
 
 
-@pytest.mark.parametrize("name", ["fixed cadence + taylorseer", "adaptive", "dbcache", "fbcache", "teacache",
-                                  "magcache", "guidance cadence", "guidance adaptive", "guidance + adaptive",
+@pytest.mark.parametrize("name", ["fixed cadence + taylorseer", "fixed cadence + spectrum", "adaptive", "dbcache",
+                                  "fbcache", "teacache", "magcache", "guidance cadence", "guidance adaptive", "guidance + adaptive",
                                   "magcache calibration"])
 def test_transfers_per_evaluation_do_not_grow_with_branches_forwards_or_blocks(comfy, name):
     import nodes

@@ -37,6 +37,10 @@ METHODS = {
                  dict(threshold=100.0, max_consecutive_cached=2, **WINDOW), ALL_FAMILIES),
     "cadence_taylor": ("CachedSamplerFixedCadence", dict(interval=1, **WINDOW), dict(interval=3, **WINDOW),
                        ALL_FAMILIES),
+    # Spectrum Forecast (window 4, degree 1) after Fixed Cadence: at 6 steps and interval 2 the Chebyshev fit takes
+    # part in the last forecast (3 computed steps)
+    "cadence_spectrum": ("CachedSamplerFixedCadence", dict(interval=1, **WINDOW), dict(interval=2, **WINDOW),
+                         ["flux", "sdxl", "wan21"]),
 }
 CASES = [(m, f) for m, spec in METHODS.items() for f in spec[3]]
 
@@ -46,6 +50,9 @@ def _chain(prompt, method, inputs):
     last = graphs.config(prompt, "method", node_type, **inputs)
     if method == "cadence_taylor":
         last = graphs.config(prompt, "forecast", "CachedSamplerTaylorSeer", upstream=last, order=1)
+    if method == "cadence_spectrum":
+        last = graphs.config(prompt, "forecast", "CachedSamplerSpectrum", upstream=last, window=4, degree=1,
+                             ridge=0.1, blend=0.5, order=1)
     return last
 
 

@@ -101,6 +101,16 @@ def test_a_run_holds_what_the_memory_table_predicts_and_at_most_order_plus_2_str
     assert held <= bound
 
 
+@pytest.mark.parametrize("method, window", [("fixed_cadence", 4), ("fixed_cadence", 10), ("dbcache", 3)])
+def test_spectrum_holds_one_point_per_computed_step_up_to_its_window(comfy, sample_tiny_flux, method, window):
+    core = comfy.module("interceptors")
+    run = sample_tiny_flux([SKIPPING[method](core), core.Spectrum(window=window, degree=1)])
+    computed = sum(not r.skipped for r in run.records)
+    assert sum(r.skipped for r in run.records) >= 2 and computed > 3, "the run must really skip and compute"
+    held = sum(run.cache_peak_bytes.values())
+    assert held == memory.cache_memory(TINY_FLUX, method, points=min(window, computed)).total
+
+
 def test_cache_on_cpu_holds_the_same_bytes(comfy, sample_tiny_flux):
     core = comfy.module("interceptors")
     chain = [core.DBCache(threshold=1.0, warmup=0.0), core.TaylorSeer(order=1)]

@@ -59,6 +59,10 @@ WIDGET_CASES = {
     "TaylorSeer order -1": ("CachedSamplerTaylorSeer", dict(order=-1), ("order",), ()),
     "interval 0": ("CachedSamplerFixedCadence", dict(interval=0, start_percent=0.0, end_percent=1.0),
                    ("interval",), ()),
+    # within each widget's range, impossible together: the fit needs degree + 2 points
+    "Spectrum window below degree + 2": ("CachedSamplerSpectrum", dict(window=5, degree=4, ridge=0.1, blend=0.5,
+                                                                       order=1), ("window", "degree + 2"),
+                                         ("Spectrum Forecast",)),
 }
 
 
@@ -79,7 +83,7 @@ def test_impossible_widget_values_are_refused_before_sampling_naming_node_and_in
     node_type, inputs, names, words = WIDGET_CASES[case]
     prompt = base_prompt()
     upstream = None
-    if node_type == "CachedSamplerTaylorSeer":  # a forecast needs something that skips
+    if node_type in ("CachedSamplerTaylorSeer", "CachedSamplerSpectrum"):  # a forecast needs something that skips
         upstream = graphs.config(prompt, "fc", "CachedSamplerFixedCadence", interval=2, start_percent=0.0,
                                  end_percent=1.0)
     graphs.config(prompt, "bad", node_type, upstream=upstream, **inputs)
