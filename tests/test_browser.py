@@ -377,8 +377,22 @@ try {
       }, [name, module]);
       await page.waitForTimeout(2500);
       entry.dialogs = await page.evaluate(() => [...document.querySelectorAll(".p-dialog")].map((d) => d.innerText.slice(0, 3000)));
-      entry.body = (await page.evaluate(() => document.body.innerText)).slice(0, 4000);
-      entry.testids = await page.evaluate(() => [...new Set([...document.querySelectorAll("[data-testid]")].map((e) => e.dataset.testid))]);
+      // 1.49: the error overlay's "View details" opens the errors panel with its Missing Models card.
+      const details = page.locator("[data-testid=error-overlay-see-errors]");
+      entry.models = [];
+      if (await details.isVisible().catch(() => false)) {
+        await details.click();
+        await page.waitForTimeout(1000);
+        entry.panel = await page.evaluate(() => document.querySelector("[data-testid=properties-panel]")?.innerText.slice(0, 3000) ?? null);
+        entry.testids = await page.evaluate(() => [...new Set([...document.querySelectorAll("[data-testid]")].map((e) => e.dataset.testid))]);
+        entry.models = await page.evaluate(() => [...document.querySelectorAll("[data-testid=missing-model-importable-rows] > *")].map((row) => ({
+          text: row.innerText, link: [...row.querySelectorAll("button[aria-label]")].map((b) => b.getAttribute("aria-label")) })));
+      } else {  // 1.35: the Missing Models dialog, one list entry a file
+        entry.models = await page.evaluate(() => [...document.querySelectorAll(".p-dialog")]
+          .filter((d) => /Missing Models/.test(d.querySelector(".p-dialog-header")?.innerText ?? ""))
+          .flatMap((d) => [...d.querySelectorAll("li")].map((li) => ({ text: li.innerText,
+            link: [...li.querySelectorAll("button")].map((b) => b.innerText || b.getAttribute("aria-label")) }))));
+      }
     } catch (e) {
       entry.error = String(e && e.message || e).slice(0, 1500);
     }
@@ -641,3 +655,16 @@ def test_node_library_and_templates_show_the_packs_pages_and_model_sources(comfy
         shown = " ".join(entry["text"].split())
         sentence = page_sentence(name)
         assert "When to choose it" in shown and sentence and sentence in shown, (name, sentence, shown[:600])
+    for name in EXAMPLES:
+        entry = result["templates"][name]
+        assert "error" not in entry, f"{name}: {entry}"
+        workflow = json.loads((ROOT / "example_workflows" / f"{name}.json").read_text(encoding="utf-8"))
+        files = {m["name"] for n in workflow["nodes"] for m in n.get("properties", {}).get("models", [])}
+        shown = "\n".join([*entry["dialogs"], entry.get("panel") or ""])
+        assert not re.search(r"missing nodes|nodes are missing|missing node types", shown, re.I), f"{name}: {shown[:800]}"
+        assert not any("missing-node" in t for t in entry.get("testids", [])), f"{name}: {entry['testids']}"
+        listed = entry["models"]
+        assert len(listed) == len(files), f"{name}: the frontend lists {listed}, the template names {sorted(files)}"
+        for model in listed:
+            assert "Unknown" not in model["text"] and "Copy URL" in model["link"], f"{name}: {model}"
+            assert any(f in model["text"] for f in files), f"{name}: {model} is none of {sorted(files)}"
