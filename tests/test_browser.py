@@ -387,11 +387,16 @@ try {
         entry.testids = await page.evaluate(() => [...new Set([...document.querySelectorAll("[data-testid]")].map((e) => e.dataset.testid))]);
         entry.models = await page.evaluate(() => [...document.querySelectorAll("[data-testid=missing-model-importable-rows] > *")].map((row) => ({
           text: row.innerText, link: [...row.querySelectorAll("button[aria-label]")].map((b) => b.getAttribute("aria-label")) })));
-      } else {  // 1.35: the Missing Models dialog, one list entry a file
+      } else {  // 1.35: the Missing Models dialog, one entry ("folder / file" and its buttons) a file
         entry.models = await page.evaluate(() => [...document.querySelectorAll(".p-dialog")]
-          .filter((d) => /Missing Models/.test(d.querySelector(".p-dialog-header")?.innerText ?? ""))
-          .flatMap((d) => [...d.querySelectorAll("li")].map((li) => ({ text: li.innerText,
-            link: [...li.querySelectorAll("button")].map((b) => b.innerText || b.getAttribute("aria-label")) }))));
+          .filter((d) => /models were not found/.test(d.innerText))
+          .flatMap((d) => [...d.querySelectorAll("span, div, label")].filter((e) =>
+            e.children.length === 0 && /^\S+ \/ \S+$/.test(e.innerText.trim())).map((e) => {
+            let row = e;
+            while (row.parentElement && !row.querySelector("button") && row.parentElement !== d) row = row.parentElement;
+            return { text: row.innerText,
+                     link: [...row.querySelectorAll("button")].map((b) => b.innerText.trim() || b.getAttribute("aria-label")) };
+          })));
       }
     } catch (e) {
       entry.error = String(e && e.message || e).slice(0, 1500);
