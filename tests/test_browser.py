@@ -286,6 +286,131 @@ console.log("RESULT " + JSON.stringify(result));
 """
 
 
+DOCS_DRIVER = r"""
+import { createRequire } from "module";
+const [modules, url, profile, module] = process.argv.slice(2);
+const { chromium } = createRequire(modules + "/")("playwright-core");
+const NODES = JSON.parse(process.env.NODES), TEMPLATES = JSON.parse(process.env.TEMPLATES);
+const result = { nodes: {}, templates: {} };
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM, headless: true, args: JSON.parse(process.env.BROWSER_FLAGS),
+  viewport: { width: 1600, height: 1000 },
+});
+try {
+  const page = context.pages()[0] ?? await context.newPage();
+  await page.goto(url, { waitUntil: "domcontentloaded" });
+  await page.waitForFunction(() => window.comfyAPI?.app?.app?.graph && window.LiteGraph, null, { timeout: 90000 });
+  await page.waitForTimeout(1500);
+  // The node library, opened from its sidebar button; each node found by its name in the library's
+  // search box and its page opened with the node's help ("Learn more") button, as a user does.
+  // 1.35: the node library, opened from its sidebar button, each node found with the library's search box
+  // and its page opened with the node's help ("Learn more") button. 1.49 (its redesigned library has no help
+  // button): the node placed on the canvas, selected, and its page opened with the selection toolbox's Info
+  // button, which shows it in the right-side panel.
+  const search = page.locator(".node-lib-search-box input").first();
+  await page.locator(".node-library-tab-button, button.side-bar-button:has([class*=comfy--node])").first().click();
+  await page.waitForTimeout(1000);
+  result.path = (await search.isVisible().catch(() => false)) ? "node library help button" : "selection toolbox info button";
+  const waitContent = async () => {
+    const content = page.locator(".node-help-content").first();
+    await content.waitFor({ state: "visible", timeout: 10000 });
+    await page.waitForFunction(() => {
+      const c = document.querySelector(".node-help-content");
+      return c && (c.querySelector(".fallback-content") || c.innerText.trim().length > 40);
+    }, null, { timeout: 10000 });
+    await page.waitForTimeout(200);
+    return { text: await content.innerText(),
+             fallback: (await page.locator(".node-help-content .fallback-content").count()) > 0 };
+  };
+  if (result.path === "selection toolbox info button") {  // the sidebar closed again
+    await page.locator("button.side-bar-button:has([class*=comfy--node])").first().click();
+  }
+  for (const [id, display] of NODES) {
+    const entry = result.nodes[id] = {};
+    try {
+      if (result.path === "node library help button") {
+        await search.fill("");
+        await search.fill(display);
+        const label = new RegExp(`^\\s*${display.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}\\s*$`);
+        const leaf = page.locator(".node-lib-node-container").filter({ has: page.getByText(label) });
+        await leaf.first().waitFor({ state: "visible", timeout: 10000 });
+        await leaf.first().hover();
+        await leaf.first().locator(".help-button").first().click();
+        Object.assign(entry, await waitContent());
+        await page.locator("button:has([class*=arrow-left])").first().click();
+        await search.waitFor({ state: "visible", timeout: 10000 });
+      } else {
+        await page.evaluate((id) => {
+          const app = window.comfyAPI.app.app;
+          app.graph.clear();
+          const node = window.LiteGraph.createNode(id);
+          node.pos = [300, 200];
+          app.graph.add(node);
+          app.canvas.ds.offset = [0, 0]; app.canvas.ds.scale = 1;
+          app.canvas.deselectAll?.();
+          app.canvas.selectNode(node);
+          app.canvas.setDirty(true, true);
+        }, id);
+        const info = page.locator("[data-testid=info-button]").first();
+        await info.waitFor({ state: "visible", timeout: 10000 });
+        await info.click();
+        Object.assign(entry, await waitContent());
+      }
+    } catch (e) {
+      entry.error = String(e && e.message || e).slice(0, 1500);
+      entry.dom = (await page.evaluate(() => document.body.innerText)).slice(0, 2000);
+      await page.keyboard.press("Escape").catch(() => {});
+    }
+  }
+  // Each template, opened as the template browser does, then what the frontend shows about it: a
+  // missing-node dialog, and the model files it cannot find (1.35: the Missing Models dialog; 1.49: the
+  // Missing Models card of the right-side errors panel).
+  for (const name of TEMPLATES) {
+    const entry = result.templates[name] = {};
+    try {
+      await page.evaluate(() => document.querySelectorAll(".p-dialog-mask").forEach((d) => d.querySelector(".p-dialog-close-button, .p-dialog-header-close")?.click()));
+      await page.waitForTimeout(300);
+      await page.evaluate(async ([name, module]) => {
+        const app = window.comfyAPI.app.app, api = window.comfyAPI.api.api;
+        const wf = await (await api.fetchApi(`/workflow_templates/${module}/${name}.json`)).json();
+        await app.loadGraphData(wf, true, true, name, { openSource: "template" });
+      }, [name, module]);
+      await page.waitForTimeout(2500);
+      entry.dialogs = await page.evaluate(() => [...document.querySelectorAll(".p-dialog")].map((d) => d.innerText.slice(0, 3000)));
+      // 1.49: the error overlay's "View details" opens the errors panel with its Missing Models card.
+      const details = page.locator("[data-testid=error-overlay-see-errors]");
+      entry.models = [];
+      if (await details.isVisible().catch(() => false)) {
+        await details.click();
+        await page.waitForTimeout(1000);
+        entry.panel = await page.evaluate(() => document.querySelector("[data-testid=properties-panel]")?.innerText.slice(0, 3000) ?? null);
+        entry.testids = await page.evaluate(() => [...new Set([...document.querySelectorAll("[data-testid]")].map((e) => e.dataset.testid))]);
+        entry.models = await page.evaluate(() => [...document.querySelectorAll("[data-testid=missing-model-importable-rows] > *")].map((row) => ({
+          text: row.innerText, link: [...row.querySelectorAll("button[aria-label]")].map((b) => b.getAttribute("aria-label")) })));
+      } else {  // 1.35: the Missing Models dialog, one entry ("folder / file" and its buttons) a file
+        entry.models = await page.evaluate(() => [...document.querySelectorAll(".p-dialog")]
+          .filter((d) => /models were not found/.test(d.innerText))
+          .flatMap((d) => [...d.querySelectorAll("span, div, label")].filter((e) =>
+            e.children.length === 0 && /^\S+ \/ \S+$/.test(e.innerText.trim())).map((e) => {
+            let row = e;
+            while (row.parentElement && !row.querySelector("button") && row.parentElement !== d) row = row.parentElement;
+            return { text: row.innerText,
+                     link: [...row.querySelectorAll("button")].map((b) => b.innerText.trim() || b.getAttribute("aria-label")) };
+          })));
+      }
+    } catch (e) {
+      entry.error = String(e && e.message || e).slice(0, 1500);
+    }
+  }
+} catch (e) {
+  result.error = String(e && e.stack || e);
+} finally {
+  await context.close();
+}
+console.log("RESULT " + JSON.stringify(result));
+"""
+
+
 @pytest.fixture(scope="module")
 def comfy_server():
     comfy = find_comfyui()
@@ -341,16 +466,19 @@ def comfy_server():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def drive(url: str, tmp: Path, shot: Path, mode: str) -> dict:
-    """Run the browser driver once (bounded in time, its process group stopped) and return its result."""
-    driver = tmp / "driver.mjs"
-    driver.write_text(DRIVER)
+def drive(url: str, tmp: Path, shot: Path | None, mode: str, script: str = DRIVER, **extra: object) -> dict:
+    """Run a browser driver once (bounded in time, its process group stopped) and return its result;
+    ``extra`` goes to the driver as JSON in environment variables of the same names."""
+    driver = tmp / f"driver_{mode}.mjs"
+    driver.write_text(script)
     profile = Path(tempfile.mkdtemp(prefix="profile-", dir=tmp))
+    args = [str(shot), WORKFLOW, PACK_DIR_NAME] if script is DRIVER else [PACK_DIR_NAME]
     browser = subprocess.Popen(
-        ["node", str(driver), str(PLAYWRIGHT), url, str(profile), str(shot), WORKFLOW, PACK_DIR_NAME],
+        ["node", str(driver), str(PLAYWRIGHT), url, str(profile), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "CHROMIUM": CHROMIUM, "BROWSER_FLAGS": json.dumps(FLAGS), "SHOTS": str(ARTIFACTS),
              "EXAMPLES": json.dumps(EXAMPLES), "MODE": mode,
+             **{k: json.dumps(v) for k, v in extra.items()},
              "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "PLAYWRIGHT_BROWSERS_PATH": str(tmp / "no-browsers")})
     try:
         out, _ = browser.communicate(timeout=BROWSER_S)
@@ -500,3 +628,51 @@ def test_in_a_chinese_ui_the_summary_and_live_text_are_chinese(comfy_server):
     assert not any("skipped so far" in t or "threshold" in t for t in live), live[:3]
     check_layout(result)
     assert shot.is_file()
+
+
+def page_sentence(node_id: str) -> str:
+    """The first sentence of the node's "When to choose it" section, as the rendered page reads it."""
+    path = ROOT / "web" / "docs" / node_id / "en.md"
+    if not path.is_file():
+        path = ROOT / "web" / "docs" / f"{node_id}.md"
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    section = text.split("## When to choose it", 1)[-1].strip().split("\n\n", 1)[0]
+    plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", section).replace("`", "").replace("**", "").replace("*", "")
+    return " ".join(plain.split(". ", 1)[0].split())
+
+
+def test_node_library_and_templates_show_the_packs_pages_and_model_sources(comfy_server):
+    """Every node of the pack opens its own page from the node library's help button (not the frontend's
+    generic fallback), and every template opens with no missing-node dialog and every missing model file
+    named with its download source."""
+    url, tmp = comfy_server
+    ARTIFACTS.mkdir(exist_ok=True)
+    with urllib.request.urlopen(f"{url}/api/object_info", timeout=120) as response:
+        defs = json.loads(response.read())
+    nodes = sorted((name, d["display_name"]) for name, d in defs.items()
+                   if PACK_DIR_NAME in str(d.get("python_module", "")))
+    assert len(nodes) >= 10, nodes
+    result = drive(url, tmp, None, "docs", DOCS_DRIVER, NODES=nodes, TEMPLATES=EXAMPLES)
+    for name, display in nodes:
+        entry = result["nodes"][name]
+        assert "error" not in entry, f"{name}: {entry}"
+        assert not entry["fallback"], f"{name}: the frontend's fallback instead of the pack's page: {entry['text'][:300]}"
+        shown = " ".join(entry["text"].split())
+        sentence = page_sentence(name)
+        assert "When to choose it" in shown and sentence and sentence in shown, (name, sentence, shown[:600])
+    for name in EXAMPLES:
+        entry = result["templates"][name]
+        assert "error" not in entry, f"{name}: {entry}"
+        workflow = json.loads((ROOT / "example_workflows" / f"{name}.json").read_text(encoding="utf-8"))
+        # The model files the template's loaders name in their widgets (none is installed here), whatever
+        # metadata the template carries: a file without metadata is one the frontend cannot name a source for.
+        files = {v for n in workflow["nodes"] for v in n.get("widgets_values") or []
+                 if isinstance(v, str) and v.endswith(MODEL_FILES)}
+        shown = "\n".join([*entry["dialogs"], entry.get("panel") or ""])
+        assert not re.search(r"missing nodes|nodes are missing|missing node types", shown, re.I), f"{name}: {shown[:800]}"
+        assert not any("missing-node" in t for t in entry.get("testids", [])), f"{name}: {entry['testids']}"
+        listed = entry["models"]
+        assert len(listed) == len(files), f"{name}: the frontend lists {listed}, the template names {sorted(files)}"
+        for model in listed:
+            assert "Unknown" not in model["text"] and "Copy URL" in model["link"], f"{name}: {model}"
+            assert any(f in model["text"] for f in files), f"{name}: {model} is none of {sorted(files)}"
