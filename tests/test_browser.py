@@ -7,8 +7,11 @@ summary and its decision strip, that the tuning plot reached its Preview Image n
 arrived while it ran, that the summary is not saved in the workflow and that nothing of the pack logged an
 error. It queues the sampler a second time and measures the node during and after that run (the live text in
 the summary box, no second progress box, nothing below the node's bottom or over the node below, no text cut),
-in English and with the frontend's language set to Chinese. The same checks hold with the older (1.35) and the
-newer (1.49) frontend. Everything it starts is stopped, and bounded in time.
+in English and with the frontend's language set to Chinese. It opens every node's documentation the way a user
+does (1.35: the node library's help button; 1.49: the selection toolbox's Info button) and finds the pack's own
+page, and opens every template with no missing-node card and every model file it names listed with its download
+address (no "Unknown"). The same checks hold with the older (1.35) and the newer (1.49) frontend. Everything it
+starts is stopped, and bounded in time.
 Installs nothing: ``tools/setup.sh`` provides Chromium and playwright-core (in ``.browser/``).
 """
 from __future__ import annotations
