@@ -283,20 +283,27 @@ def test_nan_stops_sampling_at_that_step_naming_step_branch_and_who_was_in_charg
     assert "out" not in CAPTURED
 
 
+def poisoned_estimator(ic, kind: str):
+    """An estimator class whose every estimate is NaN: a substitute that must be caught and blamed right."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Poisoned(ic.ReuseLast):
+        display_name = "Poisoned forecast"
+
+        def estimate(self, slot, sigma, device):
+            return slot.value * float("nan")
+
+    Poisoned.kind = kind
+    return Poisoned
+
+
 def test_nan_on_a_substituted_block_step_names_the_decider_and_the_estimator(comfy):
     """A block-level substitution that is not finite (an estimator returning NaN) names DBCache and the
     estimator in charge of that step."""
     import nodes
     adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
 
-    @dataclasses.dataclass(frozen=True)
-    class Poisoned(ic.ReuseLast):
-        kind = "test_poisoned_blocks"
-        display_name = "Poisoned forecast"
-
-        def estimate(self, slot, sigma, device):
-            return slot.value * float("nan")
-
+    Poisoned = poisoned_estimator(ic, "test_poisoned_blocks")
     chain = ic.InterceptorChain.of([ic.DBCache(threshold=1.0, warmup=0.0).with_node("DBCache (node db)"),
                                     Poisoned().with_node("Poisoned forecast (node ts)")])
     pos, neg = tiny_models.conditioning("flux", seed=1)
@@ -313,14 +320,7 @@ def test_nan_from_a_whole_model_substitution_is_caught(comfy):
     import nodes
     adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
 
-    @dataclasses.dataclass(frozen=True)
-    class Poisoned(ic.ReuseLast):
-        kind = "test_poisoned"
-        display_name = "Poisoned forecast"
-
-        def estimate(self, slot, sigma, device):
-            return slot.value * float("nan")
-
+    Poisoned = poisoned_estimator(ic, "test_poisoned")
     model = tiny_models.build("flux")
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2).with_node("Fixed Cadence (node 7)"),
                                     Poisoned().with_node("Poisoned forecast (node 8)")])
@@ -339,14 +339,7 @@ def test_nan_from_a_step_cache_skip_names_the_step_cache_with_the_guidance_cache
     import nodes
     adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
 
-    @dataclasses.dataclass(frozen=True)
-    class Poisoned(ic.ReuseLast):
-        kind = "test_poisoned_gc"
-        display_name = "Poisoned forecast"
-
-        def estimate(self, slot, sigma, device):
-            return slot.value * float("nan")
-
+    Poisoned = poisoned_estimator(ic, "test_poisoned_gc")
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2).with_node("Fixed Cadence (node 7)"),
                                     Poisoned().with_node("Poisoned forecast (node 8)"),
                                     ic.GuidanceCache(interval=100).with_node("Guidance Cache (node 9)")])
