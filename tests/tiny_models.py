@@ -111,49 +111,34 @@ _WAN = {
     "eps": 1e-6,
 }
 
+# Flux.1 dev's tiny layout; the variants below name only what differs.
+_FLUX = {
+    "image_model": "flux",
+    "guidance_embed": True,
+    "in_channels": 16,
+    "out_channels": 16,
+    "vec_in_dim": POOLED_DIM,
+    "context_in_dim": CONTEXT_DIM,
+    "hidden_size": 64,
+    "mlp_ratio": 4.0,
+    "num_heads": 2,
+    "depth": 2,
+    "depth_single_blocks": 2,
+    "axes_dim": [4, 14, 14],
+    "theta": 10000,
+    "patch_size": 2,
+    "qkv_bias": True,
+    "txt_ids_dims": [],
+    "yak_mlp": False,
+    "txt_norm": False,
+}
+
 _SPECS = {
     # Flux.1 dev: double + single stream blocks, guidance embedding, pooled CLIP vector.
-    "flux": ("Flux", {
-        "image_model": "flux",
-        "guidance_embed": True,
-        "in_channels": 16,
-        "out_channels": 16,
-        "vec_in_dim": POOLED_DIM,
-        "context_in_dim": CONTEXT_DIM,
-        "hidden_size": 64,
-        "mlp_ratio": 4.0,
-        "num_heads": 2,
-        "depth": 2,
-        "depth_single_blocks": 2,
-        "axes_dim": [4, 14, 14],
-        "theta": 10000,
-        "patch_size": 2,
-        "qkv_bias": True,
-        "txt_ids_dims": [],
-        "yak_mlp": False,
-        "txt_norm": False,
-    }, 16, 0, {"double_block": 2, "single_block": 2}),
+    "flux": ("Flux", dict(_FLUX), 16, 0, {"double_block": 2, "single_block": 2}),
     # Flux.1 schnell: no guidance embedding, FLOW model type, shift 1.
-    "flux_schnell": ("FluxSchnell", {
-        "image_model": "flux",
-        "guidance_embed": False,
-        "in_channels": 16,
-        "out_channels": 16,
-        "vec_in_dim": POOLED_DIM,
-        "context_in_dim": CONTEXT_DIM,
-        "hidden_size": 64,
-        "mlp_ratio": 4.0,
-        "num_heads": 2,
-        "depth": 2,
-        "depth_single_blocks": 2,
-        "axes_dim": [4, 14, 14],
-        "theta": 10000,
-        "patch_size": 2,
-        "qkv_bias": True,
-        "txt_ids_dims": [],
-        "yak_mlp": False,
-        "txt_norm": False,
-    }, 16, 0, {"double_block": 2, "single_block": 2}),
+    "flux_schnell": ("FluxSchnell", dict(_FLUX, guidance_embed=False), 16, 0,
+                     {"double_block": 2, "single_block": 2}),
     # Flux.2: 128-channel latent, patch 1, shared (global) modulation, 4 rope axes.
     # ``model_base.Flux2`` left-pads the text to 512 tokens.
     "flux2": ("Flux2", {
@@ -329,26 +314,8 @@ _SPECS = {
         "multi_layer_encoder_feature": False,
     }, 128, 0, {"double_block": 3}),
     # LongCat-Image: Flux's own model (no guidance embedding, no pooled vector).
-    "longcat_image": ("LongCatImage", {
-        "image_model": "flux",
-        "guidance_embed": False,
-        "in_channels": 16,
-        "out_channels": 16,
-        "vec_in_dim": None,
-        "context_in_dim": CONTEXT_DIM,
-        "hidden_size": 64,
-        "mlp_ratio": 4.0,
-        "num_heads": 2,
-        "depth": 2,
-        "depth_single_blocks": 2,
-        "axes_dim": [4, 14, 14],
-        "theta": 10000,
-        "patch_size": 2,
-        "qkv_bias": True,
-        "txt_ids_dims": [],
-        "yak_mlp": False,
-        "txt_norm": False,
-    }, 16, 0, {"double_block": 2, "single_block": 2}),
+    "longcat_image": ("LongCatImage", dict(_FLUX, guidance_embed=False, vec_in_dim=None), 16, 0,
+                      {"double_block": 2, "single_block": 2}),
     # SD3 MMDiT: hidden = 64 * depth, heads = depth; num_blocks adds a third block.
     "sd3": ("SD3", {
         "in_channels": 16,
