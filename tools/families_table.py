@@ -12,8 +12,6 @@ alone (no block counts, so at most whole model) and its row says why it is not b
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -32,13 +30,8 @@ def _setup_comfy():
     args.cpu = True
     args.use_pytorch_cross_attention = True
     import comfy.model_management  # noqa: F401  (after the CPU flags)
-    name = "cached_sampler_pack"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return importlib.import_module(f"{name}.comfy_adapter")
+    import pack
+    return pack.load("comfy_adapter")
 
 
 def _cell(text: str) -> str:
