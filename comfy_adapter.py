@@ -58,9 +58,8 @@ from .interceptors import (ChainError, DiffusionFacts, Granularity, InterceptorC
                            build_card, summarize)
 from .interceptors.cards import runs_blocks
 from .interceptors.distributed import RankGroup
-from .interceptors.engine import BlockPlan, as_outputs, block_call, model_forward
+from .interceptors.engine import BlockPlan, as_outputs, block_call, guided_batch, model_forward
 from .interceptors.state import schedule_of  # noqa: F401  (the sampling nodes place their runs with it)
-from .interceptors.guidance import guided_batch
 
 log = logging.getLogger("cached_sampler")
 
@@ -322,7 +321,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         if run is None or run.off or AR_STATE_KEY in model_options["transformer_options"]:
             return executor(model, conds, x_in, timestep, model_options)
         window = model_options["transformer_options"].get("context_window")
-        return guided_batch(run, guidance, conds, x_in, timestep,
+        return guided_batch(run, conds, x_in, timestep,
                             lambda subset: executor(model, subset, x_in, timestep, model_options),
                             window=tuple(window.index_list) if window is not None else None)
 
@@ -396,9 +395,9 @@ def _check_guider(run: LoopState, guidance, guider) -> None:
     calls then carry none, and the Guidance Cache says so when it sees them); a CFG++ sampler computes it even
     there, and the Guidance Cache works as at any cfg."""
     if type(guider).predict_noise is not comfy.samplers.CFGGuider.predict_noise:
-        run.state_of(guidance).active = False
-        run.note(f"{guidance.label} did nothing: {type(guider).__name__} arranges its conditionings its own way, "
-                 f"so the negative branch cannot be told apart; every branch was computed.")
+        run.switch_off_level(Granularity.GUIDANCE,
+                             f"{guidance.label} did nothing: {type(guider).__name__} arranges its conditionings its "
+                             f"own way, so the negative branch cannot be told apart; every branch was computed.")
 
 
 def adds_between_blocks(card: ModelCard, control, transformer_options: dict, inputs: dict) -> bool:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import Decider, Granularity, check_range
+from .base import Decider
+from .kinds import Granularity, check_range
 from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 
 

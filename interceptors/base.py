@@ -1,59 +1,22 @@
 """Contracts shared by every interceptor: what it is, what it may touch, and how it is told apart.
 
 An interceptor is an immutable description of one caching behaviour (a frozen dataclass made by a
-config node). Everything it learns while sampling lives in the run's :class:`~.state.LoopState`,
-never on the interceptor itself, so one config can feed any number of samplers and prompts.
+config node). Everything it learns while sampling lives in the run (:class:`~.run.Run`, the part of
+:class:`~.state.LoopState` a method may use), never on the interceptor itself, so one config can feed any
+number of samplers and prompts.
 """
 from __future__ import annotations
 
 import dataclasses
-from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .cards import ModelCard
-    from .metrics import Measure
-    from .state import Evaluation, Forward, LoopState
-
-
-class Granularity(str, Enum):
-    """Where an interceptor works: around the whole model forward, inside the block stack, or above the model
-    on the guider's conds (which CFG branches a step runs; every model has it)."""
-
-    MODEL = "model"
-    BLOCKS = "blocks"
-    GUIDANCE = "guidance"
-
-
-class Role(str, Enum):
-    """A decider chooses whether to skip; an estimator says what to use instead of a skipped computation."""
-
-    DECIDER = "decider"
-    ESTIMATOR = "estimator"
-
-
-class InterceptorError(ValueError):
-    """A configuration that cannot work. The message names the node, the input and what to change."""
-
-
-class ChainError(InterceptorError):
-    """Two interceptors that cannot be combined, or a chain the model cannot run."""
-
-
-class NonFiniteOutputError(RuntimeError):
-    """A model output (computed or substituted) contained NaN or Inf."""
-
-
-def check_range(node: str, name: str, value: float, low: float | None = None, high: float | None = None) -> None:
-    """Reject an input outside [low, high] with a message naming the node and the input."""
-    if value != value:  # NaN
-        raise InterceptorError(f"{node}: '{name}' is NaN.")
-    if low is not None and value < low:
-        raise InterceptorError(f"{node}: '{name}' must be at least {low}, got {value}.")
-    if high is not None and value > high:
-        raise InterceptorError(f"{node}: '{name}' must be at most {high}, got {value}.")
+from .cards import ModelCard
+from .kinds import Granularity, InterceptorError, Role, check_range
+from .metrics import Measure
+from .records import Evaluation, Forward
+from .run import Run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +58,7 @@ class Interceptor:
     def validate(self) -> None:
         """Raise :class:`InterceptorError` for impossible parameters. Called when the chain is built."""
 
-    def check_model(self, card: "ModelCard") -> list[str]:
+    def check_model(self, card: ModelCard) -> list[str]:
         """Problems running on this model (empty when fine). Called before sampling starts."""
         return []
 
@@ -125,6 +88,9 @@ class Decider(Interceptor):
 
     role: ClassVar[Role] = Role.DECIDER
     signal: ClassVar[str] = "none"
+    # False: the decider estimates what it skips itself (the Guidance Cache's own forecast), so a chained
+    # estimator has nothing to estimate for it
+    uses_estimator: ClassVar[bool] = True
     # True: some setting counts steps of the model's schedule (a warm-up, a ratio curve), so the run must know
     # where its steps sit in that schedule (Evaluation.position).
     counts_steps: ClassVar[bool] = False
@@ -144,15 +110,15 @@ class Decider(Interceptor):
         """(front, back): how many blocks always run before and after the skippable segments."""
         return 0, 0
 
-    def measure(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None) -> list["Measure"]:
+    def measure(self, run: Run, ev: Evaluation, signals: dict[Any, torch.Tensor] | None) -> list[Measure]:
         """The change measures :meth:`decide` will read (``metrics.*_of``: sums still on the device). The run
         brings them to the host in one transfer with the evaluation's sigma, so a decision costs one device sync.
         Called before the window and first/last-step guards: change no state here, and read nothing of the
         evaluation's schedule place (``ev.sigma``, ``ev.step``, ``ev.progress``), which is not read yet."""
         return []
 
-    def decide(self, run: "LoopState", ev: "Evaluation", signals: dict[Any, torch.Tensor] | None,
-               measured: list["Measure"]) -> bool:
+    def decide(self, run: Run, ev: Evaluation, signals: dict[Any, torch.Tensor] | None,
+               measured: list[Measure]) -> bool:
         """Return True to compute, False to skip. Window and first/last-step guards are applied before.
         ``measured``: what :meth:`measure` returned, transferred (``m.value()``). A skip is a wish: where a branch
         has no cache yet the engine computes, calls :meth:`computed`, and the run's bookkeeping
@@ -160,7 +126,7 @@ class Decider(Interceptor):
         ``BranchState``, and tensors through ``run.keep`` (detached, on the run's cache device)."""
         raise NotImplementedError
 
-    def computed(self, run: "LoopState", ev: "Evaluation", forward: "Forward",
+    def computed(self, run: Run, ev: Evaluation, forward: Forward,
                  signals: dict[Any, torch.Tensor] | None, outputs: dict[Any, torch.Tensor] | None = None) -> None:
         """Told after each computed forward, with that forward's signals (to move anchors) and, at whole-model
         level, its outputs in epsilon space."""
@@ -173,7 +139,7 @@ class RecordingDecider(Decider):
     alters_output: ClassVar[bool] = False
     keeps_results: ClassVar[bool] = True
 
-    def decide(self, run: "LoopState", ev: "Evaluation", signals, measured) -> bool:
+    def decide(self, run: Run, ev: Evaluation, signals, measured) -> bool:
         return True
 
 
@@ -208,8 +174,8 @@ class Estimator(Interceptor):
 class Observer:
     """Read-only hooks. Observers see every evaluation and forward but never change a tensor."""
 
-    def on_forward(self, run: "LoopState", forward: "Forward", output: torch.Tensor) -> None:
+    def on_forward(self, run: Run, forward: Forward, output: torch.Tensor) -> None:
         pass
 
-    def on_evaluation_end(self, run: "LoopState", ev: "Evaluation") -> None:
+    def on_evaluation_end(self, run: Run, ev: Evaluation) -> None:
         pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from .base import Granularity
+from .kinds import Granularity
 
 
 BLOCKS_OFF = "transformer-block caching is off"  # how a card's note that blocks are off begins
@@ -66,6 +66,11 @@ class ModelCard:
     def blocks_off(self) -> str | None:
         """Why transformer-block caching is off for this model, when it is off for a reason of its own."""
         return next((n for n in self.notes if n.startswith(BLOCKS_OFF)), None)
+
+    def offers(self, level: Granularity) -> bool:
+        """Whether caching may work at ``level`` on this model. The guidance level sits above the model, on the
+        guider's conds, so every model offers it; ``levels`` lists what the model itself exposes."""
+        return level == Granularity.GUIDANCE or level in self.levels
 
     @property
     def total_blocks(self) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from .base import ChainError, Decider, Estimator, Granularity, Interceptor
+from .base import Decider, Estimator, Interceptor
+from .kinds import ChainError, Granularity
 from .cards import ModelCard
 from .reuse import ReuseLast
 
@@ -85,7 +86,7 @@ class InterceptorChain:
         if len(estimators) > 1:
             raise ChainError(
                 f"{estimators[0].label} and {estimators[1].label} both estimate skipped work. Keep one of them.")
-        if estimators and not by_level.keys() - {Granularity.GUIDANCE}:  # Guidance Cache estimates on its own
+        if estimators and not any(d.uses_estimator for d in self.deciders):
             raise ChainError(
                 f"{estimators[0].label} forecasts skipped work but nothing in the chain skips any: add a caching "
                 f"node (Fixed Cadence, DBCache, First Block Cache, ...) before or after it.")
@@ -94,7 +95,7 @@ class InterceptorChain:
         """Everything that prevents this chain from running on the model the card describes."""
         problems = []
         for ic in self.interceptors:
-            if ic.granularity not in (None, Granularity.GUIDANCE) and ic.granularity not in card.levels:
+            if ic.granularity is not None and not card.offers(ic.granularity):
                 hint = ("Use the Adaptive Cache or Fixed Cadence node instead, which work on every model."
                         if ic.granularity == Granularity.BLOCKS else "")
                 why = f" ({card.blocks_off})" if ic.granularity == Granularity.BLOCKS and card.blocks_off else ""

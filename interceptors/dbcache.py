@@ -11,15 +11,14 @@ Comfy-WaveSpeed).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 
-from .base import Decider, Granularity, InterceptorError, check_range
+from .base import Decider
+from .cards import ModelCard
+from .kinds import Granularity, InterceptorError, check_range
 from .metrics import relative_l1_of
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .cards import ModelCard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +50,7 @@ class DBCache(Decider):
     def blocks(self) -> tuple[int, int]:
         return self.front, self.back
 
-    def check_model(self, card: "ModelCard") -> list[str]:
+    def check_model(self, card: ModelCard) -> list[str]:
         total = card.total_blocks
         if Granularity.BLOCKS in card.levels and self.front + self.back >= total:
             return [f"{self.label}: Fn ({self.front}) + Bn ({self.back}) must leave blocks to cache, but "

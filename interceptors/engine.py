@@ -1,13 +1,15 @@
-"""Two of the three places where an interceptor chain meets the model: the whole forward, and the block stack.
+"""The three places where an interceptor chain meets the model, one per level: the guider's conds list (which
+CFG branches a step runs), the whole forward, and the block stack.
 
-Both functions are plain torch. The ComfyUI adapter calls :func:`model_forward` from its
-``APPLY_MODEL`` wrapper and :func:`block_call` from its ``patches_replace["dit"]`` replacements. The third,
-one level above the model, is the Guidance Cache's conds list (:func:`.guidance.guided_batch`, from the
-adapter's ``CALC_COND_BATCH`` wrapper).
+All three are plain torch. The ComfyUI adapter calls :func:`guided_batch` from its ``CALC_COND_BATCH`` wrapper,
+:func:`model_forward` from its ``APPLY_MODEL`` wrapper and :func:`block_call` from its ``patches_replace["dit"]``
+replacements. Each level has at most one decider (the run looks them up once: ``run.guidance_decider``,
+``run.model_decider``, ``run.block_decider``); the engine makes the decisions, skips what may be skipped,
+stores and estimates, and tells the decider what was computed.
 
-Whole-model caches store the prediction in epsilon space, ``(x - denoised) / sigma``: the raw output
-for eps- and flow-models, and a smooth quantity for every other parameterisation, so one cache works
-on every model ComfyUI can sample.
+Whole-model caches and the guidance level keep predictions in epsilon space, ``(x - denoised) / sigma``
+(:func:`to_eps`, :func:`from_eps`, the one conversion): the raw output for eps- and flow-models, and a smooth
+quantity for every other parameterisation, so one cache works on every model ComfyUI can sample.
 
 Block caches store the residual of each skippable segment (a run of blocks of one kind), measured
 from a clone of the segment's input, because some models (Flux) add block outputs in place into the
@@ -22,11 +24,14 @@ counted twice on skipped steps.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 
-from .state import Forward, LoopState
+from .kinds import NEGATIVE, POSITIVE
+from .records import BranchKey, Forward
+from .state import LoopState
 
 
 def _rows_sigma(sigma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -41,6 +46,69 @@ def from_eps(x: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.T
     return x - eps * _rows_sigma(sigma, x)
 
 
+# -- the guider's conds list --------------------------------------------------------------------------------
+def guided_batch(run: LoopState, conds: list, x: torch.Tensor, sigma: torch.Tensor,
+                 compute: Callable[[list], list], window=None) -> list:
+    """One ``calc_cond_batch`` call: ``compute(conds)`` runs ComfyUI's batching over the given conds list and
+    returns one prediction (denoised) per entry. With a guidance decider in the chain, the negative entries of the
+    standard ``[positive, negative]`` call are left out on the evaluations its rule picks, and the negative
+    prediction is estimated from its history (one per call shape: ``window`` is the context window). Anything else
+    (an extra guidance pass, cfg 1, a guider with another layout) is passed through untouched."""
+    decider = run.guidance_decider
+    if decider is None or decider.never_skips:
+        return compute(conds)
+    if len(conds) == 2 and conds[POSITIVE] is not None and conds[NEGATIVE] is None and run.cfg == 1:
+        run.note(f"{decider.label} did nothing: at cfg 1 ComfyUI computes no negative branch to skip.")
+    elif len(conds) == 2 and (conds[POSITIVE] is None) != (conds[NEGATIVE] is None):
+        run.note(f"{decider.label} computed every step in full where the positive and the negative branch came in "
+                 f"separate calls (a guidance add-on such as Skip Layer Guidance (Simple) does that).")
+    if len(conds) != 2 or conds[POSITIVE] is None or conds[NEGATIVE] is None or sigma.numel() != x.shape[0]:
+        return compute(conds)
+    ev = run.evaluation
+    if ev is None or not ev.from_sampler:
+        ev = run.ensure_evaluation(float(sigma.flatten()[0]))
+    # A step cache that decides from the schedule alone says now whether the model runs at all. On its skipped
+    # steps the negative branch is estimated here too, from the guidance history (not the step cache's), but only
+    # where the guidance decider may act: outside its window (and on its first and last steps) the step cache
+    # stays in charge of both branches, exactly as in the chain without it.
+    step = run.model_decider
+    model_runs = run.decide(step, None) if step is not None and step.signal == "none" else True
+    run.read_place()
+    if not model_runs and run.forced(decider, ev):
+        return compute(conds)
+    # the entries of each branch active at this sigma: timestep ranges switch prompts part way
+    active = tuple(_active_entries(conds[b], ev.sigma, sigma.dtype) for b in (POSITIVE, NEGATIVE))
+    key = BranchKey(NEGATIVE, window, 0, tuple(x.shape), str(x.dtype))
+    state = decider.history(run, ev, key, _identities(active))
+    record = ev.record
+    # at sigma 0 (the decisions read it with their transfer) there is no epsilon to learn or estimate
+    if not state.slot.points or (model_runs and run.decide(decider, {key: state})) or ev.sigma == 0:
+        out = compute(conds)
+        if record.ran.get(POSITIVE) and record.ran.get(NEGATIVE) and ev.sigma != 0:  # computed, not estimated
+            decider.learned(run, state, to_eps(x, out[POSITIVE], sigma), to_eps(x, out[NEGATIVE], sigma), ev.sigma)
+        return out
+    out = compute([conds[POSITIVE], None])
+    run.skipped(decider)
+    decider.left_out(state, model_ran=bool(record.ran.get(POSITIVE)))
+    run.left_out(NEGATIVE, chunks=len(active[NEGATIVE]))  # only the entries active now count as saved
+    eps_negative = decider.estimated(state, to_eps(x, out[POSITIVE], sigma), ev.sigma)
+    return [out[POSITIVE], from_eps(x, eps_negative, sigma)]
+def _active_entries(entries: list, sigma: float, dtype: torch.dtype) -> list:
+    """The conditioning entries ComfyUI's batching uses at ``sigma``: those whose timestep range holds it
+    (``timestep_start`` >= sigma >= ``timestep_end``, set by ConditioningSetTimestepRange). ComfyUI compares
+    the sampler's sigma tensor with the bounds, so the bounds are rounded to its dtype first (a range that
+    ends on a step's sigma holds it)."""
+    def bound(entry, name, default):
+        value = entry.get(name)
+        return default if value is None else float(torch.tensor(value, dtype=dtype))
+    return [e for e in entries if bound(e, "timestep_end", -math.inf) <= sigma <= bound(e, "timestep_start", math.inf)]
+
+
+def _identities(active: tuple[list, list]) -> tuple:
+    return tuple(tuple(e.get("uuid", id(e)) for e in entries) for entries in active)
+
+
+# -- the whole model ------------------------------------------------------------------------------------
 def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torch.Tensor,
                   compute: Callable[[], torch.Tensor]) -> torch.Tensor:
     """Run (or skip) one whole-model forward. ``compute`` runs the real model and returns denoised."""
@@ -73,6 +141,7 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
     return out
 
 
+# -- the block stack --------------------------------------------------------------------------------------
 class BlockPlan:
     """Where the probe ends and which segments of the block stack may be skipped, for one model.
 

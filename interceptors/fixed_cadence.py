@@ -7,12 +7,12 @@ model ComfyUI can sample.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from .base import Decider, Granularity, InterceptorError
+from .base import Decider
+from .kinds import Granularity, InterceptorError
+from .records import Evaluation
+from .run import Run
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .state import Evaluation, LoopState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ class FixedCadence(Decider):
         if int(self.interval) != self.interval or self.interval < 1:
             raise InterceptorError(f"{self.label}: 'interval' must be a whole number >= 1, got {self.interval}.")
 
-    def decide(self, run: "LoopState", ev: "Evaluation", signals, measured) -> bool:
+    def decide(self, run: Run, ev: Evaluation, signals, measured) -> bool:
         since = run.evaluations_since_compute(self)
         run.report_metric(self, float(since + 1), float(self.interval))
         return since + 1 >= self.interval

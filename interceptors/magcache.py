@@ -13,12 +13,11 @@ high/low noise) or a partial denoise reads the part of the curve its steps belon
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from .base import Decider, Granularity, InterceptorError, RecordingDecider, check_range
+from .base import Decider, RecordingDecider
+from .cards import ModelCard
+from .kinds import Granularity, InterceptorError, check_range
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .cards import ModelCard
 
 # Calibrated ratios published with Zehong-Ma/ComfyUI-MagCache (first value 1.0 = step 0). Wan curves
 # there interleave cond and uncond; the cond entries are kept.
@@ -102,7 +101,7 @@ class MagCache(Decider):
         key = self.model_type if self.model_type != "auto" else (card.magcache if card else None)
         return RATIOS.get(key) if key else None
 
-    def check_model(self, card: "ModelCard") -> list[str]:
+    def check_model(self, card: ModelCard) -> list[str]:
         if self.curve(card) is None:
             measured = "".join(f" ({n})" for n in card.notes if "curves" in n)
             return [f"{self.label}: no published MagCache ratios for {card.name}{measured}. Pick a model_type "

@@ -5,7 +5,8 @@ import dataclasses
 
 import torch
 
-from .base import NonFiniteOutputError, Observer
+from .base import Observer
+from .kinds import NonFiniteOutputError
 
 
 def _skipper(run, forward) -> str | None:

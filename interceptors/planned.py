@@ -15,7 +15,8 @@ from typing import Sequence
 
 import torch
 
-from .base import Decider, Granularity, InterceptorError, RecordingDecider
+from .base import Decider, RecordingDecider
+from .kinds import Granularity, InterceptorError
 from .quality import Quality
 from .taylorseer import lagrange_weights, same_sigma
 

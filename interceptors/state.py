@@ -7,184 +7,20 @@ sub-step of a second-order sampler); a :class:`Forward` to one batched model for
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
-from collections import Counter
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
-from .base import Decider, Granularity
+from .base import Decider
+from .kinds import BRANCH_NAMES, Granularity
 from .chain import InterceptorChain
 from .metrics import Measure, deliver, terms_of, to_host
+from .records import BranchCache, BranchKey, DecisionRecord, Evaluation, EvaluationRecord, Forward
 
-BRANCH_NAMES = {0: "cond", 1: "uncond"}
 log = logging.getLogger("cached_sampler")
-
-
-@dataclasses.dataclass(frozen=True)
-class BranchKey:
-    """Identifies whose cache a group of batch rows may read.
-
-    ``branch`` is the guider's cond index (0 positive, 1 negative for CFG), ``uuid`` the conditioning
-    entry, ``occurrence`` counts repeats of the same entry within one evaluation (context windows,
-    Skip Layer Guidance's extra pass), and ``shape``/``dtype`` keep area conds and resized latents
-    apart. ``frames`` is the context window's frame indices when ComfyUI's context windows split the latent:
-    the uniform schedules move their windows every step and change their number, so what is cached for a
-    window belongs to its frames, never to its place in the step.
-    """
-
-    branch: int | None
-    uuid: Hashable
-    occurrence: int
-    shape: tuple[int, ...]
-    dtype: str
-    frames: tuple[int, ...] | None = None
-
-    @property
-    def name(self) -> str:
-        base = BRANCH_NAMES.get(self.branch, f"branch{self.branch}") if self.branch is not None else "model"
-        return base if self.occurrence == 0 else f"{base}#{self.occurrence}"
-
-
-@dataclasses.dataclass
-class EvaluationRecord:
-    """What one evaluation did; the profiler's row, and the data behind the stats and the plot."""
-
-    index: int
-    step: int
-    sigma: float
-    forwards_computed: int = 0
-    forwards_skipped: int = 0
-    blocks_run: int = 0
-    blocks_total: int = 0
-    metric: float | None = None
-    threshold: float | None = None
-    skipped_by: list[str] = dataclasses.field(default_factory=list)  # labels of the deciders whose skip happened
-    seconds: float = 0.0
-    branches: dict[str, bool] = dataclasses.field(default_factory=dict)  # branch name -> computed
-    # Work by batch rows: one chunk is one conditioning entry's rows (a forward of only the positive rows of a
-    # CFG step is half of one with both). Chunks of forwards that ran / of every forward the plain sampler runs.
-    chunks_computed: int = 0
-    chunks_total: int = 0
-
-    @property
-    def skipped(self) -> bool:
-        return self.forwards_skipped > 0 or (self.blocks_total > 0 and self.blocks_run < self.blocks_total)
-
-    @property
-    def decided_by(self) -> str | None:
-        """Who skipped work in this evaluation, each decider credited with its own skip ("A and B")."""
-        return " and ".join(self.skipped_by) or None
-
-
-@dataclasses.dataclass
-class Evaluation:
-    """One sampler evaluation. ``step`` counts this run's steps; ``position`` is the same step in the model's
-    whole schedule (they differ when the run is the second stage of a split, or denoise < 1).
-
-    The sampler hands the sigma over as a tensor on the device. Reading it is a device sync, so it waits in
-    ``pending_sigma`` for the evaluation's first transfer to the host (:meth:`LoopState.transfer`: a decision's
-    sums, or the end of the evaluation), which reads it with everything else due; ``sigma``, ``step`` and
-    ``position`` read it then if nothing has yet."""
-
-    index: int
-    total_steps: int
-    record: EvaluationRecord
-    schedule_steps: int = 0
-    decisions: dict[str, bool] = dataclasses.field(default_factory=dict)
-    skipped_by: set[str] = dataclasses.field(default_factory=set)  # deciders whose skip really happened
-    occurrences: Counter = dataclasses.field(default_factory=Counter)
-    from_sampler: bool = False  # begun by the sampler's evaluation hook: ``sigma`` holds for every forward in it
-    pending_sigma: torch.Tensor | None = None  # the sampler's sigma, not read yet
-    read_pending: Callable[[], None] | None = dataclasses.field(default=None, repr=False)  # the run's transfer
-    _sigma: float = math.nan
-    _step: int = 0
-    _position: int = 0
-
-    def place(self, sigma: float, step: int, position: int) -> None:
-        self._sigma, self._step, self._position = sigma, step, position
-        self.record.sigma, self.record.step = sigma, step
-
-    def read_sigma(self) -> None:
-        """Read the sampler's sigma now if it is still on the device (with whatever else is due)."""
-        if self.pending_sigma is not None:
-            self.read_pending()
-
-    @property
-    def sigma(self) -> float:
-        self.read_sigma()
-        return self._sigma
-
-    @property
-    def step(self) -> int:
-        self.read_sigma()
-        return self._step
-
-    @property
-    def position(self) -> int:
-        self.read_sigma()
-        return self._position
-
-    @property
-    def is_last_step(self) -> bool:
-        return self.step >= self.total_steps - 1
-
-    @property
-    def progress(self) -> float:
-        """Where this evaluation sits in the model's whole schedule, from 0 (first step) towards 1."""
-        return self.position / max(self.schedule_steps, 1)
-
-
-@dataclasses.dataclass
-class DecisionRecord:
-    """The run's bookkeeping for one decider, counting only skips that really happened (a skip the engine
-    could not make, for want of a cache, is a computed evaluation)."""
-
-    last_compute: int | None = None  # index of the last evaluation it computed
-    consecutive_skips: int = 0
-    skips: int = 0
-
-
-@dataclasses.dataclass
-class BranchCache:
-    """One branch's cached values: the estimator's slot per cached quantity (``"output"`` for the whole model,
-    ``"<segment>.<stream>"`` for block residuals), and per block segment the streams it stored."""
-
-    slots: dict[str, Any] = dataclasses.field(default_factory=dict)
-    segment_streams: dict[int, set[str]] = dataclasses.field(default_factory=dict)
-
-
-class Forward:
-    """One batched model call: which branch owns which rows, and the block bookkeeping for it."""
-
-    def __init__(self, evaluation: Evaluation, keys: list[BranchKey], rows: int, cacheable: bool = True):
-        self.evaluation = evaluation
-        self.keys = keys
-        self.rows = rows
-        self.cacheable = cacheable
-        self.computed = True             # False when any of its model work was skipped
-        self.model_skipped = False       # the whole forward was replaced (whole-model level)
-        self.skip_blocks: bool | None = None  # None until the block-level decision is made
-        self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
-        self.probe_input: torch.Tensor | None = None
-        self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}
-        self.residuals: dict[str, dict[BranchKey, torch.Tensor]] = {}  # block residuals stored this forward
-        self.track_external = False      # the model adds things between blocks (ControlNet, VACE): measure them
-        self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
-        self.external: dict[int, dict[str, torch.Tensor]] = {}
-
-    def split(self, tensor: torch.Tensor) -> dict[BranchKey, torch.Tensor] | None:
-        """Rows of ``tensor`` per branch key, or None if its batch does not match this forward."""
-        if tensor is None or tensor.shape[0] != self.rows * len(self.keys):
-            return None
-        return {k: tensor[i * self.rows:(i + 1) * self.rows] for i, k in enumerate(self.keys)}
-
-    def join(self, parts: dict[BranchKey, torch.Tensor]) -> torch.Tensor:
-        tensors = [parts[k] for k in self.keys]
-        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 class LoopState:
@@ -212,6 +48,7 @@ class LoopState:
         self.cfg = cfg          # the guider's cfg, when it has one
         self.estimator = chain.estimator
         # looked up once: the engine asks for them on every forward and every block
+        self.guidance_decider = chain.decider(Granularity.GUIDANCE)
         self.model_decider = chain.decider(Granularity.MODEL)
         self.block_decider = chain.decider(Granularity.BLOCKS)
         self.sample_sigmas = [float(s) for s in sample_sigmas]
@@ -270,7 +107,7 @@ class LoopState:
         index = len(self.records)
         record = EvaluationRecord(index=index, step=0, sigma=math.nan)
         self.records.append(record)
-        ev = Evaluation(index, self.total_steps, record, self.schedule_steps, read_pending=self.transfer)
+        ev = Evaluation(index, self.total_steps, record, self.schedule_steps)
         if isinstance(sigma, torch.Tensor):
             ev.pending_sigma = sigma.detach().reshape(-1)[:1]
         else:
@@ -285,7 +122,7 @@ class LoopState:
     def end_evaluation(self) -> None:
         ev = self.evaluation
         if ev is not None:
-            ev.read_sigma()  # an evaluation that needed nothing from the host still records where it was
+            self.read_place()  # an evaluation that needed nothing from the host still records where it was
             for decider_id in ev.decisions:
                 self._count(decider_id, ev)
             self._forget_windows(ev)
@@ -321,6 +158,7 @@ class LoopState:
         ev = self.evaluation
         if sigma is None:
             return ev
+        self.read_place()
         if ev is None or not math.isclose(ev.sigma, sigma, rel_tol=1e-6, abs_tol=1e-9):
             self.end_evaluation()
             ev = self.begin_evaluation(sigma)
@@ -359,6 +197,7 @@ class LoopState:
             record.chunks_computed += len(forward.keys)
         for key in forward.keys:
             record.branches[key.name] = record.branches.get(key.name, False) or forward.computed
+            record.ran[key.branch] = record.ran.get(key.branch, False) or forward.computed
         if output is not None:
             for obs in self.observers:
                 obs.on_forward(self, forward, output)
@@ -370,6 +209,15 @@ class LoopState:
         ``then``: what is not needed at once (the NaN watch's flags, a rate for a later decision, a calibration's
         recording) costs no device sync of its own."""
         self.deferred.append((tensors, then))
+
+    def read_place(self) -> Evaluation | None:
+        """Make sure the current evaluation knows its sigma, step and position: if the sampler's sigma is still on
+        the device, this is the evaluation's transfer (with everything due, whose readers run now, and may raise,
+        as the NaN watch does). Engine code calls it where it needs the place before any decision has read it."""
+        ev = self.evaluation
+        if ev is not None and not ev.placed:
+            self.transfer()
+        return ev
 
     def transfer(self, measures: Sequence[Measure] = ()) -> None:
         """Bring to the host, in one transfer (one device sync), the sums of ``measures``, the current
@@ -418,6 +266,14 @@ class LoopState:
         if decider.label not in ev.record.skipped_by:
             ev.record.skipped_by.append(decider.label)
 
+    def left_out(self, branch: int, chunks: int) -> None:
+        """The guidance level left ``branch``'s ``chunks`` conditioning entries out of this evaluation's model call:
+        work the plain sampler would have done, and a branch the model did not compute."""
+        record = self.evaluation.record
+        record.chunks_total += chunks
+        record.ran.setdefault(branch, False)
+        record.branches.setdefault(BRANCH_NAMES.get(branch, f"branch{branch}"), False)
+
     def decisions_of(self, decider: Decider) -> DecisionRecord:
         return self.decision_records[decider.id]
 
@@ -426,7 +282,11 @@ class LoopState:
         return self.evaluation.index - last - 1 if last is not None else 0
 
     def report_metric(self, decider: Decider, value: float, threshold: float) -> None:
-        """Record the change metric a decider compared against its threshold (shown in stats and plot)."""
+        """Record the change metric a decider compared against its threshold (shown in stats and plot). The plot
+        shows one metric: that of the deciders of model work (whole model, blocks) when the chain has one, else
+        the guidance level's."""
+        if decider.granularity == Granularity.GUIDANCE and (self.model_decider or self.block_decider):
+            return
         record = self.evaluation.record
         record.metric, record.threshold = float(value), float(threshold)
 
@@ -436,6 +296,15 @@ class LoopState:
         if message not in self.notes:
             self.notes.append(message)
             log.warning("Cached Sampler: %s", message)
+
+    def switch_off_level(self, level: Granularity, message: str) -> None:
+        """Leave ``level``'s decider out of this run (the others keep working) and say why, once: a guider whose
+        conds the guidance level cannot tell apart. The engine then hands that level's work to the model."""
+        attribute = {Granularity.GUIDANCE: "guidance_decider", Granularity.MODEL: "model_decider",
+                     Granularity.BLOCKS: "block_decider"}[level]
+        if getattr(self, attribute) is not None:
+            setattr(self, attribute, None)
+            self.note(message)
 
     def switch_off(self, message: str) -> None:
         """Switch caching off for the rest of the run and say why, once (``message`` goes to the notes). From then

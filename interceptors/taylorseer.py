@@ -19,7 +19,8 @@ import dataclasses
 
 import torch
 
-from .base import Estimator, InterceptorError
+from .base import Estimator
+from .kinds import InterceptorError
 
 
 @dataclasses.dataclass(frozen=True)

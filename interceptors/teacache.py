@@ -10,13 +10,12 @@ Adaptive Cache, which needs no per-model fit.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-from .base import Decider, Granularity, InterceptorError, check_range
+from .base import Decider
+from .cards import ModelCard
+from .kinds import Granularity, InterceptorError, check_range
 from .metrics import relative_l1_of
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .cards import ModelCard
 
 # Rescale polynomials, highest power first, as published in ali-vilab/TeaCache (TeaCache4FLUX,
 # TeaCache4HunyuanVideo, TeaCache4LTX-Video, TeaCache4Wan2.1 "use_ret_steps", whose input is the
@@ -62,7 +61,7 @@ class TeaCache(Decider):
         key = self.model_type if self.model_type != "auto" else (card.teacache if card else None)
         return COEFFICIENTS.get(key) if key else None
 
-    def check_model(self, card: "ModelCard") -> list[str]:
+    def check_model(self, card: ModelCard) -> list[str]:
         if card.family not in SIGNAL_FAMILIES:
             return [f"{self.label}: TeaCache needs a rescale polynomial fitted for the model, and none is published "
                     f"for {card.name}. Use the Adaptive Cache node (any model, no fitting) or DBCache instead."]

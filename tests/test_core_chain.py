@@ -168,21 +168,20 @@ def test_guidance_cache_has_its_own_level():
 
 
 def test_guidance_estimates_from_the_positive_prediction_and_the_forecast_difference():
-    """With a guidance difference that is linear in sigma, the forecast recovers the negative prediction exactly."""
+    """With a guidance difference that is linear in sigma, the forecast recovers the negative prediction exactly
+    (epsilon space: the engine converts, tests/test_core_engine.py checks the conversion)."""
     import torch
     gc = ic.GuidanceCache(interval=3)
     run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.5, 0.0])
     state = run.branch_of(gc, ic.BranchKey(1, None, 0, (2, 4), "float32"))
-    x = torch.randn(2, 4)
-    positive = torch.randn(2, 4)
+    eps_positive = torch.randn(2, 4)
 
     def negative_at(s):
-        eps_pos = (x - positive) / s
-        return x - (eps_pos + (0.3 + 2.0 * s)) * s  # guidance difference 0.3 + 2 sigma
+        return eps_positive + (0.3 + 2.0 * s)  # guidance difference 0.3 + 2 sigma
 
     for s in (1.0, 0.8):
-        gc.learned(run, state, positive, negative_at(s), x, torch.full((2,), s), s)
-    estimate = gc.estimated(state, positive, x, torch.full((2,), 0.5), 0.5)
+        gc.learned(run, state, eps_positive, negative_at(s), s)
+    estimate = gc.estimated(state, eps_positive, 0.5)
     assert torch.allclose(estimate, negative_at(0.5), atol=1e-5)
 
 
@@ -191,6 +190,6 @@ def test_released_run_keeps_no_branch_tensors():
     gc = ic.GuidanceCache(interval=2)
     run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.0])
     state = run.branch_of(gc, ic.BranchKey(1, None, 0, (1, 2), "float32"))
-    gc.learned(run, state, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), torch.ones(1), 1.0)
+    gc.learned(run, state, torch.zeros(1, 2), torch.ones(1, 2), 1.0)
     run.release_caches()
     assert not run.branch_states

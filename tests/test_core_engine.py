@@ -7,7 +7,7 @@ import torch
 from pack import load_core
 
 ic = load_core()
-from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, model_forward  # noqa: E402
+from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, from_eps, model_forward, to_eps  # noqa: E402
 
 SIGMAS = [1.0, 0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.0]
 
@@ -111,6 +111,15 @@ class EveryOther(ic.Decider):
 
     def decide(self, run, ev, signals, measured):
         return ev.index % 2 == 0
+
+
+def test_epsilon_conversion_is_per_row_and_inverts():
+    """The one conversion every epsilon-space cache uses: each row divided by its own sigma, and back."""
+    x, denoised = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    sigma = torch.tensor([0.5, 2.0])
+    eps = to_eps(x, denoised, sigma)
+    assert torch.allclose(eps[0], (x[0] - denoised[0]) / 0.5) and torch.allclose(eps[1], (x[1] - denoised[1]) / 2.0)
+    assert torch.allclose(from_eps(x, eps, sigma), denoised, atol=1e-6)
 
 
 def test_block_plan_segments():

@@ -201,8 +201,8 @@ def test_poisoned_estimate_never_reaches_a_step_that_computed_its_own(comfy, cad
 
     @dataclasses.dataclass(frozen=True)
     class Poisoned(ic.GuidanceCache):
-        def estimated(self, state, positive, x, sigma, now):
-            return super().estimated(state, positive, x, sigma, now) + POISON
+        def estimated(self, state, eps_positive, now):  # epsilon space: POISON / sigma moves denoised by -POISON
+            return super().estimated(state, eps_positive, now) + POISON / now
 
     seen, computed = _sample_direct(comfy, Poisoned(interval=2), cadence=cadence, steps=10)
     assert len(seen) == len(computed)

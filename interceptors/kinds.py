@@ -1,0 +1,49 @@
+"""The core's vocabulary: where an interceptor works, what it does, which CFG branch a row belongs to, and the
+errors it raises. A leaf: it imports nothing of the pack, so every other module may import it."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Granularity(str, Enum):
+    """Where an interceptor works: around the whole model forward, inside the block stack, or above the model
+    on the guider's conds (which CFG branches a step runs; every model has it)."""
+
+    MODEL = "model"
+    BLOCKS = "blocks"
+    GUIDANCE = "guidance"
+
+
+class Role(str, Enum):
+    """A decider chooses whether to skip; an estimator says what to use instead of a skipped computation."""
+
+    DECIDER = "decider"
+    ESTIMATOR = "estimator"
+
+
+class InterceptorError(ValueError):
+    """A configuration that cannot work. The message names the node, the input and what to change."""
+
+
+class ChainError(InterceptorError):
+    """Two interceptors that cannot be combined, or a chain the model cannot run."""
+
+
+class NonFiniteOutputError(RuntimeError):
+    """A model output (computed or substituted) contained NaN or Inf."""
+
+
+def check_range(node: str, name: str, value: float, low: float | None = None, high: float | None = None) -> None:
+    """Reject an input outside [low, high] with a message naming the node and the input."""
+    if value != value:  # NaN
+        raise InterceptorError(f"{node}: '{name}' is NaN.")
+    if low is not None and value < low:
+        raise InterceptorError(f"{node}: '{name}' must be at least {low}, got {value}.")
+    if high is not None and value > high:
+        raise InterceptorError(f"{node}: '{name}' must be at most {high}, got {value}.")
+
+
+# The guider's cond index of each branch in a CFG step (ComfyUI's ``cond_or_uncond``): 0 the positive
+# conditioning, 1 the negative one. Engine and methods tell branches apart by these, never by display names.
+POSITIVE, NEGATIVE = 0, 1
+BRANCH_NAMES = {POSITIVE: "cond", NEGATIVE: "uncond"}  # how reports and messages name them
