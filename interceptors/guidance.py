@@ -7,8 +7,13 @@ The negative branch's prediction changes slowly, and so does the guidance differ
   conditional one plus the cond-uncond difference from the last full step (they add a frequency-aware
   correction; here the difference can instead be extrapolated in sigma, TaylorSeer-style);
 * Adaptive Guidance (Castillo et al., arXiv 2312.12487): the unconditional branch stops mattering once the two
-  branches agree, which it measures by their cosine similarity; here the adaptive rule measures how fast the
-  guidance difference changes between computed steps and skips while the predicted change stays small.
+  branches agree, measured by the cosine similarity of their epsilons, gamma = cos(eps_cond, eps_uncond); past a
+  threshold the paper drops the unconditional pass for the remaining steps. The ``agreement`` mode follows it,
+  with two changes: the threshold is the disagreement ``1 - gamma`` (so 0 never skips, as in every other mode),
+  and the branch is re-checked every ``interval`` evaluations instead of being dropped for good, since a
+  schedule can bring disagreement back (a prompt switch, a late detail pass);
+* the ``adaptive`` mode measures how fast the guidance difference changes between computed steps and skips while
+  the predicted change stays small.
 
 With a step cache in the chain the two never forecast the same thing: on an evaluation whose negative branch is
 left out, the step cache sees (and forecasts, where it skips) the positive rows only, the negative prediction is
@@ -35,7 +40,7 @@ from .records import Evaluation
 from .run import Run
 from .taylorseer import TaylorSeer
 
-MODES = ("cadence", "adaptive")
+MODES = ("cadence", "adaptive", "agreement")
 # What stands in for the negative prediction on a step that skips it; measured on the digits model (README).
 ESTIMATES = ("difference forecast", "difference", "negative forecast", "negative reuse")
 # A branch's history (one per context window) is dropped once the evaluations this many before the current one
@@ -70,12 +75,14 @@ class GuidanceCache(Decider):
         last_sigma: float | None = None
         difference: torch.Tensor | None = None  # adaptive mode: the last computed eps(negative) - eps(positive)
         rate: float | None = None       # relative change of that difference per unit sigma (adaptive mode)
+        disagreement: float | None = None  # agreement mode: 1 - cos(eps positive, eps negative), worst row
         conditioning: tuple = ()        # the conditioning entries active when this history was learned
 
         def start_over(self, conditioning: tuple) -> None:
             """A new history: the conditioning changed (a timestep-ranged prompt switched)."""
             self.slot, self.since, self.last_sigma = TaylorSeer.Slot(), 0, None
             self.difference, self.rate, self.conditioning = None, None, conditioning
+            self.disagreement = None
 
     def validate(self) -> None:
         super().validate()
@@ -90,8 +97,9 @@ class GuidanceCache(Decider):
 
     @property
     def never_skips(self) -> bool:
-        """Interval 1, or threshold 0 in adaptive mode: every step computes both branches (bit-identical)."""
-        return self.interval <= 1 or (self.mode == "adaptive" and self.threshold <= 0)
+        """Interval 1, or threshold 0 in the adaptive and agreement modes: every step computes both branches
+        (bit-identical)."""
+        return self.interval <= 1 or (self.mode != "cadence" and self.threshold <= 0)
 
     @property
     def _forecaster(self) -> TaylorSeer:
@@ -111,6 +119,11 @@ class GuidanceCache(Decider):
         if self.mode == "cadence":
             run.report_metric(self, float(state.since + 1), float(self.interval))
             return state.since + 1 >= self.interval
+        if self.mode == "agreement":  # Adaptive Guidance, re-checked every `interval` evaluations
+            if state.disagreement is None:
+                return True
+            run.report_metric(self, state.disagreement, self.threshold)
+            return state.disagreement >= self.threshold or state.since + 1 >= self.interval
         if state.rate is None:
             return True
         predicted = state.rate * abs(state.last_sigma - ev.sigma)
@@ -144,6 +157,9 @@ class GuidanceCache(Decider):
                 # read with the next transfer (before the next decision): a computed step costs no sync of its own
                 run.read_later([change], lambda host: setattr(state, "rate", host[0][0] / gap))
             state.difference = run.to_cache(difference.detach().clone())
+        if self.mode == "agreement":
+            cosine = _row_cosines(eps_positive, eps_negative)
+            run.read_later([cosine], lambda host: setattr(state, "disagreement", 1.0 - min(host[0])))
         value = difference if self._tracks_difference else eps_negative
         self._forecaster.observe(state.slot, run.to_cache(value.detach().clone()), now)
         state.last_sigma, state.since = now, 0
@@ -158,3 +174,9 @@ class GuidanceCache(Decider):
         value = self._forecaster.estimate(state.slot, now, eps_positive.device).to(dtype=eps_positive.dtype)
         return eps_positive + value if self._tracks_difference else value
 
+
+def _row_cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The cosine similarity of each batch row of ``a`` and ``b`` (flattened), in float32 at least."""
+    a = a.reshape(len(a), -1).float()
+    b = b.reshape(len(b), -1).float()
+    return (a * b).sum(dim=1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(1e-12)

@@ -184,13 +184,17 @@ GuidanceCacheNode = config_node(
     "PerpNeg) are left alone, with a note.",
     [io.Int.Input("interval", default=2, min=1, max=100, tooltip=(
         "Compute the negative branch on every N-th step the model runs (steps a chained step cache skips do not "
-        "count); 1 always computes it (bit-identical to no Guidance Cache). In adaptive mode: the longest gap.")),
+        "count); 1 always computes it (bit-identical to no Guidance Cache). In adaptive mode: the longest gap; in "
+        "agreement mode: how often the agreement is checked again.")),
      io.Combo.Input("mode", options=list(guidance_method.MODES), tooltip=(
          "cadence: every N-th step. adaptive: skip while the predicted change of the guidance difference "
-         "(negative minus positive prediction) since it was last computed stays under the threshold.")),
+         "(negative minus positive prediction) since it was last computed stays under the threshold. agreement "
+         "(Adaptive Guidance): skip once the two predictions point the same way (1 - their cosine similarity under "
+         "the threshold), checking again every N-th step.")),
      io.Float.Input("threshold", default=0.0, min=0.0, max=10.0, step=0.005, tooltip=(
-         "Adaptive mode only: predicted relative change of the guidance difference under which the negative "
-         "branch is skipped. 0 never skips (bit-identical).")),
+         "Adaptive mode: predicted relative change of the guidance difference under which the negative branch is "
+         "skipped. Agreement mode: 1 - cosine similarity of the positive and negative predictions under which it "
+         "is skipped (the paper's 0.99 similarity is 0.01). 0 never skips (bit-identical).")),
      io.Combo.Input("estimate", options=list(guidance_method.ESTIMATES), tooltip=(
          "What stands in for a skipped negative prediction: difference forecast = this step's positive "
          "prediction plus the guidance difference extrapolated in sigma from the last two computed steps "

@@ -185,6 +185,36 @@ def test_guidance_estimates_from_the_positive_prediction_and_the_forecast_differ
     assert torch.allclose(estimate, negative_at(0.5), atol=1e-5)
 
 
+def test_agreement_mode_skips_once_the_branches_point_the_same_way_and_checks_again():
+    """Adaptive Guidance's rule: the disagreement 1 - cos(eps positive, eps negative) of the last computed step
+    against the threshold, and a fresh check every `interval` evaluations. A cosine taken of the wrong pair (the
+    negative with itself) or a missing re-check fails it."""
+    import torch
+    gc = ic.GuidanceCache(mode="agreement", threshold=0.05, interval=3)
+    run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.8, 0.6, 0.4, 0.2, 0.0])
+    key = ic.BranchKey(1, None, 0, (2, 4), "float32")
+    state = run.branch_of(gc, key)
+    eps_positive = torch.randn(2, 4)
+
+    def decide(index, sigma):
+        run.evaluation = ev = ic.Evaluation(index, 5, ic.records.EvaluationRecord(index, 0, sigma))
+        ev.place(sigma, index, index)
+        return gc.decide(run, ev, {key: state}, [])
+
+    gc.learned(run, state, eps_positive, -eps_positive, 1.0)  # opposite: disagreement 2
+    run.transfer()
+    assert state.disagreement == pytest.approx(2.0) and decide(1, 0.8), "disagreeing branches must compute"
+    gc.learned(run, state, eps_positive, 2 * eps_positive + 1e-3 * torch.randn(2, 4), 0.8)  # nearly parallel
+    run.transfer()
+    assert state.disagreement < 1e-3
+    assert not decide(2, 0.6), "agreeing branches leave the negative one out"
+    gc.left_out(state, model_ran=True)
+    assert not decide(3, 0.4)
+    gc.left_out(state, model_ran=True)
+    assert decide(4, 0.2), "every `interval` evaluations the agreement is checked again"
+    assert ic.GuidanceCache(mode="agreement", threshold=0.0).never_skips
+
+
 def test_released_run_keeps_no_branch_tensors():
     import torch
     gc = ic.GuidanceCache(interval=2)

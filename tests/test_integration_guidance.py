@@ -94,6 +94,20 @@ def test_adaptive_threshold_zero_is_bit_identical(comfy):
     assert sum(work["negative_rows"]) < sum(_run(comfy)[1]["negative_rows"])
 
 
+def test_agreement_mode_leaves_out_agreeing_branches_and_threshold_zero_is_bit_identical(comfy):
+    """Adaptive Guidance's cosine stop through the real sampler: threshold 0 changes nothing; a threshold every
+    pair of predictions meets (1 - cos < 1.5, cos > -0.5) leaves the negative rows out between the re-checks
+    (computed on evaluations 0, 4 and the last of 8: 3 of 8); one no pair meets computes them all."""
+    ref, ref_work, _ = _run(comfy)
+    same, same_work, _ = _run(comfy, dict(NEVER, interval=4, mode="agreement", threshold=0.0))
+    assert torch.equal(ref, same) and same_work["negative_rows"] == ref_work["negative_rows"]
+    loose, loose_work, _ = _run(comfy, dict(NEVER, interval=4, mode="agreement", threshold=1.5))
+    assert sum(loose_work["negative_rows"]) * 8 == sum(ref_work["negative_rows"]) * 3, loose_work
+    assert torch.isfinite(loose).all() and not torch.equal(loose, ref)
+    tight, tight_work, _ = _run(comfy, dict(NEVER, interval=4, mode="agreement", threshold=1e-9))
+    assert tight_work["negative_rows"] == ref_work["negative_rows"] and torch.equal(tight, ref)
+
+
 def test_cfg_one_does_nothing_and_says_so(comfy):
     ref, ref_work, _ = _run(comfy, cfg=1.0)
     same, work, text = _run(comfy, MODERATE, cfg=1.0)

@@ -8,7 +8,8 @@ relative to the uncached run; quality is the PSNR of the decoded images against 
 Compares, at one step count (``--quick``: a handful of settings):
 
 * Fixed Cadence + TaylorSeer o1 over its interval (the strongest step schedule), the baseline;
-* Guidance Cache alone, for every estimate and a few intervals, and in adaptive mode over its threshold;
+* Guidance Cache alone, for every estimate and a few intervals, and in the adaptive and agreement modes over
+  their thresholds;
 * Fixed Cadence + TaylorSeer o1 + Guidance Cache, over both intervals.
 
     python3 tools/bench_guidance.py                 # 28 steps, about 3 minutes on one core
@@ -118,7 +119,15 @@ def sweep(runner: Runner, quick: bool) -> list[dict]:
     for threshold in ((0.2, 0.3, 0.4, 0.6) if not quick else (0.3,)):
         rows.append(runner.measure(f"Guidance Cache adaptive {threshold:g} (max gap 100)",
                                    guidance={"mode": "adaptive", "threshold": threshold, "interval": 100}))
+    for threshold in ((0.001, 0.003, 0.01, 0.03) if not quick else (0.01,)):
+        for interval in ((4, 8) if not quick else (4,)):
+            rows.append(runner.measure(f"Guidance Cache agreement {threshold:g} (re-check {interval})",
+                                       guidance={"mode": "agreement", "threshold": threshold, "interval": interval}))
     for c in cadences[1:]:
+        for threshold in ((0.003, 0.01) if not quick else ()):
+            rows.append(runner.measure(f"Fixed Cadence {c} + TaylorSeer + Guidance Cache agreement {threshold:g}",
+                                       cadence=c, guidance={"mode": "agreement", "threshold": threshold,
+                                                            "interval": 4}))
         for start in ((0.0, 0.5, 0.7) if not quick else (0.7,)):
             rows.append(runner.measure(f"Fixed Cadence {c} + TaylorSeer + Guidance Cache 2 (from {start:g})",
                                        cadence=c, guidance={"interval": 2, "start_percent": start}))
