@@ -12,8 +12,8 @@ computed steps it forecasts the other blocks from, and the relative L2 error of 
 residual the probe really computed decides, in X-Slim's three tiers:
 
 * below ``threshold`` (X-Slim's warn level): every block after the probe is forecast, the back blocks included;
-* from ``threshold`` up to ``refresh_threshold`` (its critical level): the middle tier, X-Slim's partial refresh
-  and DBCache's Bn in the engine's words: the ``back`` blocks run on the forecast middle, which is forecast;
+* from ``threshold`` up to ``refresh_ratio`` times it (its critical level): the middle tier, X-Slim's partial
+  refresh and DBCache's Bn in the engine's words: the ``back`` blocks run on the forecast middle, which is forecast;
 * above: the step is computed in full and becomes a new point of every forecast.
 
 SpeCa checks its draft on the last block, computed a second time, and decides the *next* step; here the probe is
@@ -66,7 +66,7 @@ class VerifiedBlockCache(Decider):
     front: int = 1
     back: int = 1
     threshold: float = 0.05
-    refresh_threshold: float = 0.1
+    refresh_ratio: float = 2.0  # the critical level as a multiple of the threshold (1: no middle tier)
     max_consecutive_cached: int = -1
 
     def validate(self) -> None:
@@ -76,7 +76,7 @@ class VerifiedBlockCache(Decider):
         if self.back < 0:
             raise InterceptorError(f"{self.label}: 'Bn' must be 0 or more, got {self.back}.")
         check_range(self.label, "threshold", self.threshold, 0.0)
-        check_range(self.label, "refresh_threshold", self.refresh_threshold, 0.0)
+        check_range(self.label, "refresh_ratio", self.refresh_ratio, 1.0)
         check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
 
     def blocks(self) -> tuple[int, int, bool]:
@@ -158,7 +158,7 @@ class VerifiedBlockCache(Decider):
         run.report_metric(self, err, self.threshold)
         if err < self.threshold:
             state.tier = 0
-        elif err < self.refresh_threshold:
+        elif err < self.threshold * self.refresh_ratio:
             state.tier = 1
         return state.tier == 2
 

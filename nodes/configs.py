@@ -222,7 +222,7 @@ VerifiedBlockCacheNode = config_node(
     "The probe blocks run every step and their output is forecast too; the other blocks are forecast only when the "
     "probe's forecast is close to what the probe really computed (SpeCa arXiv 2509.11628, X-Slim arXiv "
     "2512.12604). Three tiers: below 'threshold' every block after the probe is forecast; up to "
-    "'refresh_threshold' the last Bn blocks run on the forecast middle; above, the step is computed. Chain "
+    "'refresh_ratio' times it the last Bn blocks run on the forecast middle; above, the step is computed. Chain "
     "TaylorSeer Forecast after it. Needs a model with transformer-block hooks (Flux, Wan, HunyuanVideo, ...).",
     [io.Int.Input("Fn", default=1, min=1, max=200, tooltip="Front blocks that always run; they are the probe "
                   "whose forecast is verified."),
@@ -232,12 +232,12 @@ VerifiedBlockCacheNode = config_node(
      threshold_input(0.05, "Relative error of the probe's forecast (root of sum (forecast - computed)^2 over "
                      "sum computed^2) under which every block after the probe is forecast. 0 disables caching "
                      "(bit-identical output).", maximum=10.0, step=0.005),
-     io.Float.Input("refresh_threshold", default=0.1, min=0.0, max=10.0, step=0.005, tooltip=(
-         "Up to this error the back blocks are recomputed and the middle forecast; above it the step is computed "
-         "in full. At or below 'threshold': no middle tier.")),
+     io.Float.Input("refresh_ratio", default=2.0, min=1.0, max=100.0, step=0.1, tooltip=(
+         "Up to this multiple of 'threshold' the back blocks are recomputed and the middle forecast (the middle "
+         "tier); above it the step is computed in full. 1: no middle tier.")),
      max_consecutive_input(-1), *percent_inputs()],
-    lambda Fn, Bn, threshold, refresh_threshold, max_consecutive_cached, start_percent, end_percent:
-    VerifiedBlockCache(front=Fn, back=Bn, threshold=threshold, refresh_threshold=refresh_threshold,
+    lambda Fn, Bn, threshold, refresh_ratio, max_consecutive_cached, start_percent, end_percent:
+    VerifiedBlockCache(front=Fn, back=Bn, threshold=threshold, refresh_ratio=refresh_ratio,
                        max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
                        end_percent=end_percent))
 

@@ -66,7 +66,7 @@ def test_back_tier_plan_makes_the_back_blocks_a_segment_of_their_own():
 def test_the_probe_error_is_the_forecasts_error_against_the_computed_probe():
     """The error formed on the host from sums (Gram products) equals the relative L2 error of the estimator's own
     forecast of the probe against the residual the probe computed, at every decision."""
-    decider = ic.VerifiedBlockCache(front=1, back=1, threshold=1e-9, refresh_threshold=1e-9, **WINDOW)
+    decider = ic.VerifiedBlockCache(front=1, back=1, threshold=1e-9, refresh_ratio=1.0, **WINDOW)
     blocks, _ = smooth_blocks(kink_at=0.6)
     seen = []
     original = decider.forecast_error
@@ -83,7 +83,7 @@ def test_the_probe_error_is_the_forecasts_error_against_the_computed_probe():
             seen.append((value, (num / den) ** 0.5))
             return value
 
-    checked = Checked(front=1, back=1, threshold=1e-9, refresh_threshold=1e-9, **WINDOW)
+    checked = Checked(front=1, back=1, threshold=1e-9, refresh_ratio=1.0, **WINDOW)
     drive_blocks(checked, blocks, ic.TaylorSeer(order=2), branches=((1, "u"), (0, "c")))
     assert len(seen) == 14  # every evaluation but the first (no point yet) and the last (always computed)
     for value, direct in seen:
@@ -96,7 +96,7 @@ def test_tiers_run_the_blocks_they_name():
     block), up to the refresh threshold the probe and the back block (2), above it all 5; all three occur."""
     blocks, _ = smooth_blocks(kink_at=0.4)
     low, high = 2e-3, 2e-2
-    run, _, per_eval = drive_blocks(ic.VerifiedBlockCache(threshold=low, refresh_threshold=high, **WINDOW),
+    run, _, per_eval = drive_blocks(ic.VerifiedBlockCache(threshold=low, refresh_ratio=high / low, **WINDOW),
                                     blocks, ic.TaylorSeer(order=2))
     for record, ran in zip(run.records[1:-1], per_eval[1:-1]):
         m = record.metric
@@ -106,7 +106,7 @@ def test_tiers_run_the_blocks_they_name():
     # probe is forecast there and the output equals the computed one
     blocks, _ = smooth_blocks()
     _, full, _ = drive_blocks(ic.VerifiedBlockCache(threshold=0.0, **WINDOW), blocks, ic.TaylorSeer(order=2))
-    _, outs, per_eval = drive_blocks(ic.VerifiedBlockCache(threshold=1e-4, refresh_threshold=1e-4, **WINDOW),
+    _, outs, per_eval = drive_blocks(ic.VerifiedBlockCache(threshold=1e-4, refresh_ratio=1.0, **WINDOW),
                                      blocks, ic.TaylorSeer(order=2))
     assert per_eval[-1] == 5 and per_eval.count(1) >= 10, per_eval
     assert all(torch.allclose(a, b, rtol=1e-4) for a, b in zip(outs, full))
@@ -142,7 +142,7 @@ def test_a_change_of_course_is_caught_only_when_the_probe_of_this_step_is_checke
     sails past the turn."""
     blocks, _ = smooth_blocks(kink_at=0.55)
     _, full, _ = drive_blocks(ic.VerifiedBlockCache(threshold=0.0, **WINDOW), blocks, ic.TaylorSeer(order=1))
-    run, outs, per_eval = drive_blocks(decider_class(threshold=0.02, refresh_threshold=0.02, **WINDOW), blocks,
+    run, outs, per_eval = drive_blocks(decider_class(threshold=0.02, refresh_ratio=1.0, **WINDOW), blocks,
                                        ic.TaylorSeer(order=1))
     assert 1 in per_eval, "nothing was skipped: the test would prove nothing"
     worst = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(outs, full))
