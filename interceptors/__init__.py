@@ -22,9 +22,10 @@ from .spectrum import Spectrum
 from .stats import RunSummary, summarize
 from .taylorseer import TaylorSeer
 from .teacache import TeaCache
+from .verified import VerifiedBlockCache, VerifiedForecast
 
 __all__ = [
-    "MagCache", "MagnitudeRecorder", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "Granularity",
+    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "Granularity",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "Run", "POSITIVE", "NEGATIVE", "RunSummary", "build_card", "DiffusionFacts", "schedule_of", "summarize",
 ]

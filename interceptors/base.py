@@ -94,6 +94,9 @@ class Decider(Interceptor):
     # True: some setting counts steps of the model's schedule (a warm-up, a ratio curve), so the run must know
     # where its steps sit in that schedule (Evaluation.position).
     counts_steps: ClassVar[bool] = False
+    # True: on a computed whole-model forward the engine also forecasts the output (what a skip would have used)
+    # and hands it over in ``forward.forecasts`` before the estimator sees the computed one.
+    verifies_forecast: ClassVar[bool] = False
 
     start_percent: float = 0.0
     end_percent: float = 1.0
@@ -109,6 +112,11 @@ class Decider(Interceptor):
     def blocks(self) -> tuple[int, int]:
         """(front, back): how many blocks always run before and after the skippable segments."""
         return 0, 0
+
+    def refreshes_back(self, run: Run, ev: Evaluation) -> bool:
+        """On an evaluation this decider skips, whether the back blocks run anyway (the middle tier of a plan made
+        with ``back_tier``); asked once per forward, after :meth:`decide`."""
+        return False
 
     def measure(self, run: Run, ev: Evaluation, signals: dict[Any, torch.Tensor] | None) -> list[Measure]:
         """The change measures :meth:`decide` will read (``metrics.*_of``: sums still on the device). The run
@@ -169,6 +177,11 @@ class Estimator(Interceptor):
 
     def estimate(self, slot, sigma: float, device: torch.device) -> torch.Tensor:
         raise NotImplementedError
+
+    def terms(self, slot, sigma: float) -> list[tuple[float, torch.Tensor]] | None:
+        """The forecast at ``sigma`` as ``(weight, kept tensor)`` pairs, for an estimator whose forecast is such a
+        linear combination (None otherwise): what lets a decider know a forecast's error from sums alone."""
+        return None
 
 
 class Observer:

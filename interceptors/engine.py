@@ -135,6 +135,9 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
         return from_eps(x, eps, sigma)
     out = compute()
     outputs = forward.split(to_eps(x, out, sigma))
+    if decider.verifies_forecast:  # what a skip would have used here, for the decider to check against the model
+        forward.forecasts = {k: run.estimate(k, "output", ev.sigma, eps) for k, eps in outputs.items()
+                             if run.has(k, "output")}
     for key, eps in outputs.items():
         run.store(key, "output", eps, ev.sigma)
     decider.computed(run, ev, forward, signals, outputs)
@@ -147,9 +150,11 @@ class BlockPlan:
 
     Vocabulary (the core's words for the papers'): ``front`` blocks are DBCache's Fn (always run; the residual
     of those in the first group is the *probe*), ``back`` blocks its Bn (always run); the blocks between them
-    form one skippable *segment* per block group."""
+    form one skippable *segment* per block group. With ``back_tier`` the back blocks are skippable segments too
+    (``back_segments``): a full skip forecasts them with the middle, and a decider's middle tier
+    (:meth:`~.base.Decider.refreshes_back`) computes them on the forecast middle (X-Slim's partial refresh)."""
 
-    def __init__(self, groups: list[tuple[str, int]], front: int, back: int):
+    def __init__(self, groups: list[tuple[str, int]], front: int, back: int, back_tier: bool = False):
         # groups: (group name, block count) in execution order
         self.total = sum(n for _, n in groups)
         self.front = min(front, self.total)
@@ -158,14 +163,21 @@ class BlockPlan:
         self.probe_end = min(self.front, first_group) - 1  # probe measured inside the first group
         self.segments: list[tuple[int, int]] = []        # (first position, last position)
         self.segment_of: dict[int, int] = {}
-        pos = 0
-        for _, n in groups:
-            lo, hi = max(pos, self.front), min(pos + n, self.total - self.back) - 1
-            if lo <= hi:
-                self.segments.append((lo, hi))
-                for p in range(lo, hi + 1):
-                    self.segment_of[p] = len(self.segments) - 1
-            pos += n
+        self.back_segments: set[int] = set()
+        spans = [(self.front, self.total - self.back, False)]
+        if back_tier and self.back and self.total - self.back > self.front:  # a middle is left to forecast
+            spans.append((self.total - self.back, self.total, True))
+        for start, end, is_back in spans:
+            pos = 0
+            for _, n in groups:
+                lo, hi = max(pos, start), min(pos + n, end) - 1
+                if lo <= hi:
+                    self.segments.append((lo, hi))
+                    if is_back:
+                        self.back_segments.add(len(self.segments) - 1)
+                    for p in range(lo, hi + 1):
+                        self.segment_of[p] = len(self.segments) - 1
+                pos += n
 
     @property
     def skippable(self) -> bool:
@@ -226,6 +238,13 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         if forward.skip_blocks:
             forward.computed = False
             run.skipped(decider)
+            forward.refresh_back = bool(plan.back_segments) and decider.refreshes_back(run, ev)
+
+    if forward.skip_blocks and forward.refresh_back and segment in plan.back_segments:
+        # the middle tier: the back blocks run on the forecast middle; what they compute is not kept (its input
+        # was forecast), so the estimator sees fully computed steps only
+        record.blocks_run += 1
+        return as_outputs(run_block(args), out_keys)
 
     if forward.skip_blocks:
         # Pass the stream through; the model keeps adding what it adds between blocks (ControlNet, patches,

@@ -171,6 +171,8 @@ class Forward:
         self.computed = True             # False when any of its model work was skipped
         self.model_skipped = False       # the whole forward was replaced (whole-model level)
         self.skip_blocks: bool | None = None  # None until the block-level decision is made
+        self.refresh_back = False        # a skip's middle tier: the back segments run (BlockPlan.back_segments)
+        self.forecasts: dict[BranchKey, torch.Tensor] | None = None  # computed forward: what a skip would have used
         self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
         self.probe_input: torch.Tensor | None = None
         self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}

@@ -30,3 +30,6 @@ class ReuseLast(Estimator):
 
     def estimate(self, slot: Slot, sigma: float, device: torch.device) -> torch.Tensor:
         return slot.value.to(device)
+
+    def terms(self, slot: Slot, sigma: float) -> list[tuple[float, torch.Tensor]]:
+        return [(1.0, slot.value)]

@@ -44,6 +44,15 @@ class Run(Protocol):
     def to_cache(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` where the run keeps cached tensors."""
 
+    # -- the chain's estimator and its slots (a decider that checks forecasts keeps one of its own) --------
+    estimator: Any                  # the chain's Estimator (base.py): ReuseLast when the chain names none
+
+    def store(self, key: BranchKey, name: str, value: torch.Tensor, sigma: float) -> None:
+        """Hand a computed value of one branch's quantity ``name`` to the estimator (a new slot on first use)."""
+
+    def slot(self, key: BranchKey, name: str) -> Any:
+        """The estimator's slot of that quantity, or None before its first value."""
+
     # -- host reads, at no sync of their own --------------------------------------------------------------
     def read_later(self, tensors: list[torch.Tensor], then: Callable[[list[list[float]]], None]) -> None:
         """Read ``tensors`` with the run's next transfer and hand their values to ``then``."""

@@ -102,6 +102,9 @@ class Spectrum(Estimator):
                 out.add_(value.to(device), alpha=w)
         return out
 
+    def terms(self, slot: Slot, sigma: float) -> list[tuple[float, torch.Tensor]]:
+        return list(zip(self.weights(slot, sigma), [v for _, v in slot.points]))
+
 
 def chebyshev_taus(sigmas: Sequence[float], span: tuple[float, float]) -> list[float]:
     """``sigmas`` mapped affinely onto [-1, 1]: ``span[0]`` (the run's first sigma) to -1, ``span[1]`` to +1."""

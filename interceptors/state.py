@@ -375,6 +375,11 @@ class LoopState:
             slot = slots[name] = self.estimator.new_slot(self.sample_sigmas)
         self.estimator.observe(slot, self.to_cache(value), sigma)
 
+    def slot(self, key: BranchKey, name: str):
+        """The estimator's slot of one branch's cached quantity ``name``, or None before its first value."""
+        cache = self.caches.get(key)
+        return cache.slots.get(name) if cache is not None else None
+
     def has(self, key: BranchKey, name: str) -> bool:
         cache = self.caches.get(key)
         slot = cache.slots.get(name) if cache is not None else None

@@ -58,6 +58,9 @@ class TaylorSeer(Estimator):
             out.add_(value.to(device), alpha=w)  # accumulates in ``out``'s dtype: float32 (float64 for a float64 model)
         return out
 
+    def terms(self, slot: Slot, sigma: float) -> list[tuple[float, torch.Tensor]]:
+        return list(zip(lagrange_weights([s for s, _ in slot.points], sigma), [v for _, v in slot.points]))
+
 
 def same_sigma(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(abs(a), abs(b), 1e-6)

@@ -13,7 +13,7 @@ from typing import Callable
 from comfy_api.latest import io
 
 from ..interceptors import (AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, GuidanceCache, Interceptor, MagCache,
-                            Spectrum, TaylorSeer, TeaCache)
+                            Spectrum, TaylorSeer, TeaCache, VerifiedBlockCache, VerifiedForecast)
 from ..interceptors import guidance as guidance_method
 from ..interceptors import magcache as magcache_method
 from ..interceptors import teacache as teacache_method
@@ -205,5 +205,46 @@ GuidanceCacheNode = config_node(
         interval=interval, mode=mode, threshold=threshold, estimate=estimate, start_percent=start_percent,
         end_percent=end_percent))
 
+VerifiedForecastNode = config_node(
+    "VerifiedForecast", "Verified Forecast",
+    "Skips the whole model while the predicted error of the forecast that replaces it stays under the threshold "
+    "(forecast-then-verify, SpeCa arXiv 2509.11628, X-Slim arXiv 2512.12604). On every computed step the forecast "
+    "a skip would have used is checked against what the model computed; that error, scaled by how much the input "
+    "has changed since, predicts the error of the next skips. Chain TaylorSeer Forecast after it. Works on every "
+    "model.",
+    [threshold_input(0.05, "Predicted relative error of the forecast (mean |forecast - computed| / mean |computed| "
+                     "of the model's prediction) under which a step is skipped. An error, not a change: the same "
+                     "value means about the same damage on another model. 0 disables caching (bit-identical).",
+                     maximum=10.0, step=0.005),
+     max_consecutive_input(-1), *percent_inputs()],
+    lambda threshold, max_consecutive_cached, start_percent, end_percent: VerifiedForecast(
+        threshold=threshold, max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
+        end_percent=end_percent))
+
+VerifiedBlockCacheNode = config_node(
+    "VerifiedBlockCache", "Verified Block Cache",
+    "The probe blocks run every step and their output is forecast too; the other blocks are forecast only when the "
+    "probe's forecast is close to what the probe really computed (SpeCa arXiv 2509.11628, X-Slim arXiv "
+    "2512.12604). Three tiers: below 'threshold' every block after the probe is forecast; up to "
+    "'refresh_ratio' times it the last Bn blocks run on the forecast middle; above, the step is computed. Chain "
+    "TaylorSeer Forecast after it. Needs a model with transformer-block hooks (Flux, Wan, HunyuanVideo, ...).",
+    [io.Int.Input("Fn", default=1, min=1, max=200, tooltip="Front blocks that always run; they are the probe "
+                  "whose forecast is verified."),
+     io.Int.Input("Bn", default=1, min=0, max=200, tooltip=(
+         "Back blocks that run in the middle tier (forecast error between the two thresholds); forecast with the "
+         "middle below 'threshold'. 0: no middle tier.")),
+     threshold_input(0.05, "Relative error of the probe's forecast (root of sum (forecast - computed)^2 over "
+                     "sum computed^2) under which every block after the probe is forecast. 0 disables caching "
+                     "(bit-identical output).", maximum=10.0, step=0.005),
+     io.Float.Input("refresh_ratio", default=2.0, min=1.0, max=100.0, step=0.1, tooltip=(
+         "Up to this multiple of 'threshold' the back blocks are recomputed and the middle forecast (the middle "
+         "tier); above it the step is computed in full. 1: no middle tier.")),
+     max_consecutive_input(-1), *percent_inputs()],
+    lambda Fn, Bn, threshold, refresh_ratio, max_consecutive_cached, start_percent, end_percent:
+    VerifiedBlockCache(front=Fn, back=Bn, threshold=threshold, refresh_ratio=refresh_ratio,
+                       max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
+                       end_percent=end_percent))
+
 CONFIG_NODES = [FixedCadenceNode, DBCacheNode, FirstBlockCacheNode, TaylorSeerNode, SpectrumNode, AdaptiveCacheNode,
-                TeaCacheNode, MagCacheNode, GuidanceCacheNode]
+                TeaCacheNode, MagCacheNode, GuidanceCacheNode, VerifiedForecastNode,
+                VerifiedBlockCacheNode]

@@ -21,6 +21,9 @@ def skipping(ic) -> dict[str, list]:
         "magcache": [ic.MagCache(threshold=100.0, max_skips=2, retention=0.0, **WINDOW)],
         "guidance cache": [ic.GuidanceCache(interval=2, **WINDOW)],
         "guidance cache + fixed cadence": [ic.FixedCadence(interval=2), ic.GuidanceCache(interval=3, **WINDOW)],
+        "verified forecast + taylorseer": [ic.VerifiedForecast(threshold=10.0, **WINDOW), ic.TaylorSeer(order=1)],
+        "verified blocks + taylorseer": [ic.VerifiedBlockCache(front=1, back=1, threshold=10.0, **WINDOW),
+                                         ic.TaylorSeer(order=2)],
     }
 
 
@@ -38,11 +41,15 @@ def never_skips(ic) -> dict[str, list]:
         "magcache": [ic.MagCache(threshold=0.0, retention=0.0, **WINDOW)],
         "guidance cache": [ic.GuidanceCache(interval=1, **WINDOW)],
         "guidance cache + fixed cadence": [ic.FixedCadence(interval=1), ic.GuidanceCache(interval=1, **WINDOW)],
+        "verified forecast + taylorseer": [ic.VerifiedForecast(threshold=0.0, **WINDOW), ic.TaylorSeer(order=1)],
+        "verified blocks + taylorseer": [ic.VerifiedBlockCache(front=1, back=1, threshold=0.0, **WINDOW),
+                                         ic.TaylorSeer(order=2)],
     }
 
 
 NAMES = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "adaptive", "dbcache",
-         "dbcache + taylorseer", "fbcache", "teacache", "magcache", "guidance cache", "guidance cache + fixed cadence"]
+         "dbcache + taylorseer", "fbcache", "teacache", "magcache", "guidance cache", "guidance cache + fixed cadence",
+         "verified forecast + taylorseer", "verified blocks + taylorseer"]
 # Methods that act on the negative CFG branch only: at cfg 1 ComfyUI runs none, so they have nothing to skip.
 NEGATIVE_BRANCH_ONLY = {"guidance cache"}
 

@@ -57,6 +57,8 @@ def chains(ic):
         "guidance adaptive": [ic.GuidanceCache(interval=3, mode="adaptive", threshold=10.0, **window)],
         "guidance + adaptive": [ic.GuidanceCache(interval=2, **window), ic.AdaptiveCache(threshold=100.0, **window)],
         "magcache calibration": [ic.MagnitudeRecorder()],
+        "verified forecast": [ic.VerifiedForecast(threshold=10.0, **window), ic.TaylorSeer(order=1)],
+        "verified blocks": [ic.VerifiedBlockCache(front=1, back=1, threshold=10.0, **window), ic.TaylorSeer(order=2)],
     }
 
 
@@ -71,7 +73,7 @@ PER_RUN = 4
 
 @pytest.mark.parametrize("name", ["fixed cadence + taylorseer", "fixed cadence + spectrum", "adaptive", "dbcache",
                                   "fbcache", "teacache", "magcache", "guidance cadence", "guidance adaptive", "guidance + adaptive",
-                                  "magcache calibration"])
+                                  "magcache calibration", "verified forecast", "verified blocks"])
 def test_transfers_per_evaluation_do_not_grow_with_branches_forwards_or_blocks(comfy, name):
     import nodes
     adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")

@@ -33,6 +33,8 @@ SWEEPS: dict[str, list] = {
     "easycache": [0.0, 0.005, 0.01, 0.02],
     "easycache_copy": [0.0, 0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.2],
     "lazycache": [0.0, 0.005, 0.01, 0.02, 0.04],
+    "verifiedforecast": [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4],
+    "verifiedblockcache": [0.0, 0.01, 0.02, 0.05, 0.1, 0.2],
 }
 QUICK_SWEEPS: dict[str, list] = {
     "fixed_cadence": [1, 2, 4],
