@@ -122,7 +122,8 @@ class Decider(Interceptor):
         """The change measures :meth:`decide` will read (``metrics.*_of``: sums still on the device). The run
         brings them to the host in one transfer with the evaluation's sigma, so a decision costs one device sync.
         Called before the window and first/last-step guards: change no state here, and read nothing of the
-        evaluation's schedule place (``ev.sigma``, ``ev.step``, ``ev.progress``), which is not read yet."""
+        evaluation's schedule place (``ev.sigma``, ``ev.step``, ``ev.progress``): the sampler's sigma may still be on
+        the device, and reading it then raises :class:`~.records.PlaceNotRead`."""
         return []
 
     def decide(self, run: Run, ev: Evaluation, signals: dict[Any, torch.Tensor] | None,
