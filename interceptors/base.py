@@ -128,6 +128,8 @@ class Decider(Interceptor):
     # True: some setting counts steps of the model's schedule (a warm-up, a ratio curve), so the run must know
     # where its steps sit in that schedule (Evaluation.position).
     counts_steps: ClassVar[bool] = False
+    # the last step is computed whatever the rule says; a plan whose quality was measured with it forecast says False
+    forces_last_step: ClassVar[bool] = True
 
     start_percent: float = 0.0
     end_percent: float = 1.0

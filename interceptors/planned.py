@@ -32,6 +32,7 @@ class PlannedSchedule(Decider):
     kind = "planned"
     display_name = "Calibrated Schedule"
     granularity = Granularity.MODEL
+    forces_last_step = False  # the plan names every evaluation it computes; its quality was measured so
 
     compute: tuple[int, ...] = ()
     sigmas: tuple[float, ...] = ()

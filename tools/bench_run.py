@@ -45,11 +45,12 @@ class Workload:
     positive: list
     negative: list
     latent: list
+    vae: list | None = None              # the decoder, wired into calibrating nodes that take one (Auto Calibrate)
 
 
 def digits_workload(config: Config) -> Workload:
     nodes = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": config.digits}}}
-    return Workload("digits", nodes, ["digits", 0], ["digits", 1], ["digits", 2], ["digits", 3])
+    return Workload("digits", nodes, ["digits", 0], ["digits", 1], ["digits", 2], ["digits", 3], ["digits", 4])
 
 
 def heavy_workload(config: Config) -> Workload:
@@ -337,6 +338,8 @@ class Bench:
         values.update({"model": list(wl.model), "seed": cfg.seed + 1, "steps": steps, "cfg": cfg.cfg,
                        "sampler_name": cfg.sampler, "scheduler": cfg.scheduler, "positive": list(wl.positive),
                        "negative": list(wl.negative), "latent_image": list(wl.latent), "denoise": 1.0})
+        if wl.vae is not None and "vae" in bench_discover._inputs(cls):  # plans judged on the decoded images
+            values["vae"] = list(wl.vae)
         prompt = json.loads(json.dumps(wl.nodes))
         prompt["calibrate"] = {"class_type": node_id, "inputs": values}
         outputs = return_types(cls)
