@@ -20,6 +20,7 @@ import torch
 
 import bench_metrics
 import bench_nodes
+from bench_discover import _inputs as discover_inputs  # noqa: E402
 from bench_discover import (CHAIN_TYPE, ROOT, TAYLORSEER, Config, Method, discover, return_types, start_comfy,
                             widget_defaults)
 from bench_report import FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
@@ -338,7 +339,7 @@ class Bench:
         values.update({"model": list(wl.model), "seed": cfg.seed + 1, "steps": steps, "cfg": cfg.cfg,
                        "sampler_name": cfg.sampler, "scheduler": cfg.scheduler, "positive": list(wl.positive),
                        "negative": list(wl.negative), "latent_image": list(wl.latent), "denoise": 1.0})
-        if wl.vae is not None and "vae" in bench_discover._inputs(cls):  # plans judged on the decoded images
+        if wl.vae is not None and "vae" in discover_inputs(cls):  # plans judged on the decoded images
             values["vae"] = list(wl.vae)
         prompt = json.loads(json.dumps(wl.nodes))
         prompt["calibrate"] = {"class_type": node_id, "inputs": values}
