@@ -43,11 +43,6 @@ def test_the_searched_plan_meets_its_image_target_on_a_held_out_seed_with_less_w
     assert "image PSNR" in text and "plans measured" in text
     held_out = _image_psnr(comfy, CAPTURED["out"], CAPTURED["ref"])
     assert 35.0 <= held_out < math.inf, f"seed 9 was never seen by the calibration: {held_out:.2f} dB ({text})"
-    chain = comfy.module("interceptors")
-    order = 0 if "reused" in text else int(text.split("TaylorSeer order ")[1][0])
-    # the plan's chain forecasts with the order the text names (the one its quality was measured with)
-    assert f"order {order}" in text or order == 0
-    assert chain is not None
 
 
 def test_a_target_no_skip_can_meet_computes_everything_bit_identically(comfy):
@@ -76,6 +71,7 @@ def test_a_searched_plan_on_another_sampler_computes_everything_and_says_so(comf
 
 def test_the_former_greedy_search_is_still_there(comfy):
     prompt, sampling = _prompt(search="greedy", min_psnr=30.0)
+    _sample(prompt, sampling, "out", 3)
     _, ui = comfy.run(prompt)
     text = ui["calibrate"]["text"][0]
     assert "plans measured" not in text and "latent PSNR" in text
