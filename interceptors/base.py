@@ -97,6 +97,8 @@ class Decider(Interceptor):
     # True: on a computed whole-model forward the engine also forecasts the output (what a skip would have used)
     # and hands it over in ``forward.forecasts`` before the estimator sees the computed one.
     verifies_forecast: ClassVar[bool] = False
+    # the last step is computed whatever the rule says; a plan whose quality was measured with it forecast says False
+    forces_last_step: ClassVar[bool] = True
 
     start_percent: float = 0.0
     end_percent: float = 1.0

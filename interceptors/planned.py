@@ -33,6 +33,7 @@ class PlannedSchedule(Decider):
     kind = "planned"
     display_name = "Calibrated Schedule"
     granularity = Granularity.MODEL
+    forces_last_step = False  # the plan names every evaluation it computes; its quality was measured so
 
     compute: tuple[int, ...] = ()
     sigmas: tuple[float, ...] = ()
@@ -114,6 +115,8 @@ class Plan:
     compute: tuple[int, ...]
     evaluations: int
     quality: Quality
+    order: int | None = None   # the forecast the plan was measured with, when a search chose it
+    runs: int | None = None    # how many plans the search measured (sampling runs per seed)
 
     @property
     def psnr(self) -> float:
@@ -121,7 +124,13 @@ class Plan:
 
     def describe(self) -> str:
         steps = ", ".join(str(i + 1) for i in self.compute)
-        return f"compute {len(self.compute)}/{self.evaluations} evaluations (steps {steps}); {self.quality.describe()}"
+        text = f"compute {len(self.compute)}/{self.evaluations} evaluations (steps {steps})"
+        if self.order is not None:
+            text += ", the rest " + ("reused" if self.order == 0 else f"forecast by TaylorSeer order {self.order}")
+        text += f"; {self.quality.describe()}"
+        if self.runs is not None:
+            text += f"; chosen from {self.runs} plans measured"
+        return text
 
 
 def _final_error(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], compute: set[int], order: int,

@@ -257,7 +257,8 @@ class LoopState:
     def forced(self, decider: Decider, ev: Evaluation) -> bool:
         """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step,
         sigma 0 and every evaluation outside its start/end percent window."""
-        return ev.index == 0 or ev.is_last_step or ev.sigma == 0 or not self.in_window(decider, ev)
+        return (ev.index == 0 or (ev.is_last_step and decider.forces_last_step) or ev.sigma == 0
+                or not self.in_window(decider, ev))
 
     def skipped(self, decider: Decider) -> None:
         """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""

@@ -10,6 +10,9 @@ from .. import comfy_adapter
 from ..interceptors import (InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder, PlannedSchedule, Quality,
                             Recorder, TaylorSeer, calibrate, image_quality, latent_quality, recorded_ratios,
                             recorded_trajectory, worst_quality)
+from ..interceptors.planned import Plan
+from ..interceptors.schedule_search import ORDERS
+from ..interceptors.schedule_search import search as search_plan
 from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
 from .sampler import ksampler_inputs
 
@@ -65,6 +68,9 @@ LATENT_NOTE = (" This is latent, not image, PSNR: how it relates to image qualit
                "the images.")
 
 
+SEARCHES = ["steps and forecast", "steps", "greedy"]
+
+
 class AutoCalibrate(CalibrationNode):
     DISPLAY_NAME = "Auto Calibrate"
 
@@ -78,7 +84,8 @@ class AutoCalibrate(CalibrationNode):
                 "Runs your prompt once uncached, then chooses which steps to compute so that the result meets your "
                 "target: 'quality' (the fewest computed steps whose result stays above a PSNR against the uncached "
                 "one) or 'budget' (exactly N computed steps, placed where they matter). The other steps are "
-                "forecast (TaylorSeer in sigma). Candidate plans are checked with real cached runs of the same "
+                "forecast (TaylorSeer in sigma); by default the search also picks the forecast (reuse, order 1 or 2). "
+                "Candidate plans are checked with real cached runs of the same "
                 "prompt, on the decoded images when a VAE is connected, else on the final latent, and on as many "
                 "seeds as 'seeds' says. Connect the chain to a Cached Sampler with the same steps and sampler."),
             inputs=[
@@ -95,7 +102,8 @@ class AutoCalibrate(CalibrationNode):
                 io.Int.Input("budget", default=8, min=2, max=10000, tooltip=(
                     "For 'budget': how many model evaluations to compute (the first and the last always are).")),
                 io.Int.Input("order", default=1, min=0, max=2, tooltip=(
-                    "Forecast order for skipped steps: 0 reuses, 1 extrapolates linearly (recommended).")),
+                    "Forecast order for skipped steps (0 reuses, 1 extrapolates linearly) when 'search' keeps it; "
+                    "'steps and forecast' chooses the order itself.")),
                 io.Vae.Input("vae", optional=True, tooltip=(
                     "Optional: the model's VAE. When connected, every plan is judged on the decoded images (PSNR "
                     "in the VAE's 0..1 range, SSIM alongside) instead of the latent. Only the final result is "
@@ -107,6 +115,15 @@ class AutoCalibrate(CalibrationNode):
                     "Check every candidate plan on this many seeds (seed, seed+1, ...) and keep the worst result, "
                     "so the plan holds beyond one noise. Each seed adds an uncached pass and a run per plan "
                     "checked.")),
+                io.Combo.Input("search", options=SEARCHES, default=SEARCHES[0], optional=True, tooltip=(
+                    "'steps and forecast': a dynamic program over the recorded per-step forecast errors proposes "
+                    "placements for every budget (with front-loaded and even schedules), for reuse and TaylorSeer "
+                    "order 1 and 2, and real runs pick the least work that meets the target (about 15-25 runs at "
+                    "28 steps). 'steps': the same search with the forecast 'order'. 'greedy': the plan search of "
+                    "0.2.0 (greedy and even placements, first and last computed; about 10 runs).")),
+                io.Int.Input("candidates", default=4, min=1, max=32, optional=True, tooltip=(
+                    "For the two searches: how many placements are measured per budget before it counts as not "
+                    "met (more: more runs, a plan closer to the least work).")),
             ],
             outputs=[chain_output(),
                      io.Latent.Output(display_name="uncached_latent", tooltip=(
@@ -117,7 +134,9 @@ class AutoCalibrate(CalibrationNode):
         )
 
     @classmethod
-    def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=1, **prompt) -> io.NodeOutput:
+    def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=1, search=None, candidates=4,
+                **prompt) -> io.NodeOutput:
+        search = search or SEARCHES[0]
         node, sample, reference = cls.uncached_pass(model, prompt, Recorder)
         sigmas, outputs = recorded_trajectory(sample.runs[-1])
         recorded = sample.runs[-1]
@@ -128,26 +147,34 @@ class AutoCalibrate(CalibrationNode):
         quality = latent_quality if vae is None else image_quality
         uncached = [final(latent) for latent in references]
 
-        def plan_chain(compute, measured=None):
+        def plan_chain(compute, measured=None, forecast=order):
             return InterceptorChain.of([
                 PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=tuple(schedule),
                                 sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node),
-                TaylorSeer(order=order, node=node)])
+                TaylorSeer(order=forecast, node=node)])
 
-        def measure(compute) -> Quality:
-            chain = plan_chain(compute)
+        def measure(compute, forecast=order) -> Quality:
+            chain = plan_chain(compute, forecast=forecast)
             return worst_quality(quality(ref, final(sample(chain, seed))) for ref, seed in zip(uncached, seed_list))
 
+        goal = {"budget": budget if target == "budget" else None, "min_psnr": min_psnr if target == "quality" else None}
         try:
-            plan = calibrate(sigmas, outputs, measure, order=order, budget=budget if target == "budget" else None,
-                             min_psnr=min_psnr if target == "quality" else None)
+            if search == "greedy":
+                plan = calibrate(sigmas, outputs, measure, order=order, **goal)
+            else:
+                if goal["budget"] is not None and goal["budget"] < 2:
+                    raise InterceptorError("A budget below 2 computed steps leaves nothing to forecast from.")
+                found = search_plan(sigmas, outputs, measure, orders=ORDERS if search == SEARCHES[0] else (order,),
+                                    per_budget=candidates, **goal)
+                plan = Plan(found.compute, len(sigmas), found.quality, order=found.order, runs=found.runs)
+                order = found.order
         except InterceptorError as e:
             raise InterceptorError(f"{node}: {e}") from None
         text = plan.describe()
-        if target == "quality" and plan.psnr < min_psnr:
+        if target == "quality" and len(plan.compute) == len(sigmas):
             text += f" (the target {min_psnr} dB needs every step computed)"
         text += "." + (LATENT_NOTE if vae is None else "")
-        return io.NodeOutput(plan_chain(plan.compute, plan.quality), reference, text, ui={"text": (text,)})
+        return io.NodeOutput(plan_chain(plan.compute, plan.quality, order), reference, text, ui={"text": (text,)})
 
 
 class MagCacheCalibrate(CalibrationNode):

@@ -68,7 +68,7 @@ def test_with_a_vae_the_reported_psnr_is_that_of_the_decoded_images(comfy):
 
 
 def test_with_two_seeds_the_reported_psnr_is_the_worse_seed(comfy):
-    text = _calibrate_and_sample(comfy, sample_seeds=(2, 3), seeds=2)
+    text = _calibrate_and_sample(comfy, sample_seeds=(2, 3), seeds=2, search="greedy")  # a plan whose seeds differ
     psnr = comfy.module("interceptors").latent_psnr
     per_seed = [psnr(CAPTURED[f"ref{seed}"], CAPTURED[f"out{seed}"]) for seed in (2, 3)]
     assert abs(_reported(text, "latent") - min(per_seed)) < 0.01 and "worst of 2 seeds" in text

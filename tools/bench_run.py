@@ -20,6 +20,7 @@ import torch
 
 import bench_metrics
 import bench_nodes
+from bench_discover import _inputs as discover_inputs  # noqa: E402
 from bench_discover import (CHAIN_TYPE, ROOT, TAYLORSEER, Config, Method, discover, return_types, start_comfy,
                             widget_defaults)
 from bench_report import FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
@@ -45,11 +46,12 @@ class Workload:
     positive: list
     negative: list
     latent: list
+    vae: list | None = None              # the decoder, wired into calibrating nodes that take one (Auto Calibrate)
 
 
 def digits_workload(config: Config) -> Workload:
     nodes = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": config.digits}}}
-    return Workload("digits", nodes, ["digits", 0], ["digits", 1], ["digits", 2], ["digits", 3])
+    return Workload("digits", nodes, ["digits", 0], ["digits", 1], ["digits", 2], ["digits", 3], ["digits", 4])
 
 
 def heavy_workload(config: Config) -> Workload:
@@ -337,6 +339,8 @@ class Bench:
         values.update({"model": list(wl.model), "seed": cfg.seed + 1, "steps": steps, "cfg": cfg.cfg,
                        "sampler_name": cfg.sampler, "scheduler": cfg.scheduler, "positive": list(wl.positive),
                        "negative": list(wl.negative), "latent_image": list(wl.latent), "denoise": 1.0})
+        if wl.vae is not None and "vae" in discover_inputs(cls):  # plans judged on the decoded images
+            values["vae"] = list(wl.vae)
         prompt = json.loads(json.dumps(wl.nodes))
         prompt["calibrate"] = {"class_type": node_id, "inputs": values}
         outputs = return_types(cls)

@@ -1,0 +1,387 @@
+"""Searching which evaluations to compute, and with which forecast, from one recorded trajectory.
+
+The error model. A skipped evaluation ``j`` is forecast from the last computed ones as a fixed linear combination
+``sum_i w_i out_i`` (the weights depend only on sigmas: reuse, TaylorSeer's polynomial in sigma of order 1 or 2);
+for a first-order step ``x += (sigma_next - sigma) * eps`` its error moves the result by ``dt_j * (forecast - out_j)``.
+Every such error is a linear combination of the recorded outputs, so its squared norm is a quadratic form in their
+Gram matrix ``G = O O^T`` (n x n, one pass over the outputs in float64): the whole error table costs nothing per
+entry, however large the latent.
+
+The search. As in CEM (Fu et al., arXiv 2512.23258), a dynamic program over steps picks, for every budget of
+computed evaluations at once, the placement that minimises an additive error model: here the error of each
+skipped evaluation forecast from the computed ones before it, exactly as the estimator would forecast it (the
+DP's state is the last ``order + 1`` computed evaluations, which is what the forecast depends on). Two additive
+models are used, the squared errors (independent errors) and their norms (the triangle bound). The DP optima are
+pooled with front-loaded schedules in the manner of L2P (arXiv 2604.26365: dense first steps, e.g. 0, 1, 2, 4,
+9, 17, ... of 50), even spacing and greedy selection, and every candidate is ranked by the non-additive error of
+the final latent (the signed sum of all forecast errors, again a quadratic form). The ranking only orders the
+candidates: the caller confirms them with real sampling runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import torch
+
+from .taylorseer import lagrange_weights, same_sigma
+
+ORDERS = (0, 1, 2)  # the forecasts searched: reuse, TaylorSeer order 1 and 2 (a polynomial in sigma)
+
+
+def gram(outputs: Sequence[torch.Tensor], sample_size: int = 1 << 20) -> torch.Tensor:
+    """``O O^T`` (float64, n x n) of the flattened outputs, on an even subsample of at most ``sample_size``
+    elements (the same elements of every output) so that large video latents stay cheap."""
+    flat = [o.detach().flatten() for o in outputs]
+    if flat and flat[0].numel() > sample_size:
+        index = torch.linspace(0, flat[0].numel() - 1, sample_size).long()
+        flat = [f[index] for f in flat]
+    o = torch.stack([f.to("cpu", torch.float64) for f in flat])
+    return o @ o.T
+
+
+def forecast_weights(sigmas: Sequence[float], points: Sequence[int], at: int, order: int) -> dict[int, float]:
+    """The weights TaylorSeer of ``order`` gives the computed evaluations ``points`` (oldest first, as many as it
+    keeps) when forecasting evaluation ``at``: the polynomial through the last ``order + 1`` distinct sigmas."""
+    kept: list[int] = []
+    for i in points:  # a repeated sigma replaces the older point, as TaylorSeer.observe does
+        kept = [k for k in kept if not same_sigma(sigmas[k], sigmas[i])] + [i]
+    kept = kept[-(order + 1):]
+    return dict(zip(kept, lagrange_weights([sigmas[k] for k in kept], sigmas[at])))
+
+
+def _quadratic(g: torch.Tensor, coefficients: dict[int, float]) -> float:
+    keys = list(coefficients)
+    c = torch.tensor([coefficients[k] for k in keys], dtype=torch.float64)
+    return float(c @ g[keys][:, keys] @ c)
+
+
+def steps_after(sigmas: Sequence[float]) -> list[float]:
+    """``sigma_next - sigma`` of every evaluation (the last one steps to 0)."""
+    return [b - a for a, b in zip(sigmas, list(sigmas[1:]) + [0.0])]
+
+
+def step_error(g: torch.Tensor, sigmas: Sequence[float], points: Sequence[int], j: int, order: int) -> float:
+    """Squared norm of ``dt_j * (forecast_j - out_j)``: what forecasting ``j`` from ``points`` adds to the result."""
+    c = forecast_weights(sigmas, points, j, order)
+    c[j] = c.get(j, 0.0) - 1.0
+    return steps_after(sigmas)[j] ** 2 * _quadratic(g, c)
+
+
+def plan_error(g: torch.Tensor, sigmas: Sequence[float], compute: Sequence[int], order: int) -> float:
+    """Squared norm of the change of the final latent when only ``compute`` is computed and the rest forecast
+    (open loop, first order: the signed sum of the forecast errors, so errors of opposite sign cancel)."""
+    dts = steps_after(sigmas)
+    total: dict[int, float] = {}
+    history: list[int] = []
+    computed = set(compute)
+    for j in range(len(sigmas)):
+        if j in computed:
+            history.append(j)
+            continue
+        for i, w in forecast_weights(sigmas, history, j, order).items():
+            total[i] = total.get(i, 0.0) + dts[j] * w
+        total[j] = total.get(j, 0.0) - dts[j]
+    return _quadratic(g, total) if total else 0.0
+
+
+def error_table(g: torch.Tensor, sigmas: Sequence[float], order: int) -> torch.Tensor:
+    """``E[s_0, .., s_order, j]``: the squared error that forecasting evaluation ``j`` with TaylorSeer of ``order``
+    adds to the result when the last computed evaluations are ``s`` (oldest first; while fewer have been computed
+    the oldest is repeated: (0, 0, 5) = 0 and 5 computed). 0 for ``j <= s_order``; +inf for tuples that are no
+    state (decreasing, or a repeat not at the front)."""
+    n = len(sigmas)
+    dts = torch.tensor(steps_after(sigmas), dtype=torch.float64)
+    table = torch.full((n,) * (order + 1) + (n,), math.inf, dtype=torch.float64)
+    sig = torch.tensor([float(x) for x in sigmas], dtype=torch.float64)
+    for state in _states(n, order):
+        row = torch.zeros(n, dtype=torch.float64)
+        last = state[-1]
+        if last + 1 < n:
+            kept: list[int] = []
+            for i in dict.fromkeys(state):  # a repeated sigma replaces the older point, as TaylorSeer keeps them
+                kept = [k for k in kept if not same_sigma(sigmas[k], sigmas[i])] + [i]
+            js = torch.arange(last + 1, n)
+            # the Lagrange weights of the kept points at every later sigma: w (js, points)
+            w = torch.ones(len(js), len(kept), dtype=torch.float64)
+            for a, p in enumerate(kept):
+                for q in kept:
+                    if q != p:
+                        w[:, a] *= (sig[js] - sig[q]) / (sig[p] - sig[q])
+            # all forecasts from one state at once: E = w G_pp w - 2 w G_pj + G_jj
+            err = (w @ g[kept][:, kept] * w).sum(1) - 2 * (w * g[kept][:, js].T).sum(1) + g[js, js]
+            row[js] = dts[js] ** 2 * err.clamp(min=0.0)
+        table[state] = row
+    return table
+
+
+def _states(n: int, order: int):
+    """The DP's states: nondecreasing tuples of ``order + 1`` evaluation indices, repeats only at the front."""
+    def grow(prefix):
+        if len(prefix) == order + 1:
+            yield tuple(prefix)
+            return
+        for k in range(prefix[-1] + 1, n):
+            yield from grow(prefix + [k])
+    for first in range(n):
+        for repeats in range(1, order + 2):
+            yield from grow([first] * repeats)
+
+
+def additive_error(table: torch.Tensor, compute: Sequence[int], metric: str = "squared") -> float:
+    """The additive error model of a plan (what :func:`dp_plans` minimises), summed step by step."""
+    order, n = table.dim() - 2, table.shape[-1]
+    state, total, computed = (0,) * (order + 1), 0.0, set(compute)
+    for j in range(1, n):
+        if j in computed:
+            state = state[1:] + (j,)
+        else:
+            e = float(table[state + (j,)])
+            total += e if metric == "squared" else math.sqrt(e)
+    return total
+
+
+def dp_plans(g: torch.Tensor | None, sigmas: Sequence[float], order: int, *, metric: str = "squared",
+             max_budget: int | None = None, table: torch.Tensor | None = None) -> dict[int, tuple[int, ...]]:
+    """For every budget b from 1 to ``max_budget`` (all evaluations by default), the b computed evaluations, the
+    first always among them, that minimise the additive error model: the sum over the skipped evaluations of their
+    squared errors (``metric`` "squared") or of their norms ("norm"), each forecast by TaylorSeer of ``order`` from
+    the computed evaluations before it. Exact for that model: a dynamic program whose state is the last
+    ``order + 1`` computed evaluations (all the forecast depends on), one layer per computed evaluation,
+    ``layer'[s_1.., k] = min over s_0 of layer[s] + (error of s_last + 1 .. k - 1 forecast from s)``, as CEM's
+    ``dp[t][k] = min_g dp[t - g][k - 1] + err`` with the forecast's own history in the state."""
+    n = len(sigmas)
+    if n == 0:
+        return {}
+    table = table if table is not None else error_table(g, sigmas, order)
+    if metric == "norm":
+        table = table.sqrt()
+    elif metric != "squared":
+        raise ValueError(f"unknown metric {metric!r}")
+    # cum[s, k]: the error of forecasting evaluations s_last + 1 .. k - 1 from state s (k = n: to the end)
+    finite = torch.where(torch.isfinite(table), table, torch.zeros_like(table))
+    cum = torch.cat([torch.zeros(finite.shape[:-1] + (1,), dtype=torch.float64), finite.cumsum(-1)], -1)
+    invalid = ~torch.isfinite(table[..., :1])  # not a state
+    last = torch.arange(n).view((1,) * order + (n,) + (1,))
+    ahead = torch.arange(n).view((1,) * (order + 1) + (n,)) > last  # a next computed evaluation k > s_last
+    step = torch.where(ahead & ~invalid, cum[..., :n], torch.full_like(cum[..., :n], math.inf))
+    max_budget = min(max_budget or n, n)
+    layer = torch.full((n,) * (order + 1), math.inf, dtype=torch.float64)
+    layer[(0,) * (order + 1)] = 0.0
+    back = []  # per layer: for each state, the oldest evaluation of the state it came from
+    plans = {}
+    for count in range(1, max_budget + 1):
+        total = layer + cum[..., n].masked_fill(invalid[..., 0], math.inf)
+        state = _argmin(total)
+        plans[count] = _backtrack(state, back)
+        if count == max_budget:
+            break
+        moved = layer.unsqueeze(-1) + step        # (s_0, .., s_order, k)
+        layer, came = moved.min(0)                 # state (s_1, .., s_order, k), and the s_0 it came from
+        back.append(came)
+    return plans
+
+
+def _argmin(t: torch.Tensor) -> tuple[int, ...]:
+    flat = int(torch.argmin(t))
+    index = []
+    for size in reversed(t.shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))
+
+
+def _backtrack(state: tuple[int, ...], back: list[torch.Tensor]) -> tuple[int, ...]:
+    """The computed evaluations of the path that ends in ``state`` after ``len(back) + 1`` computed ones."""
+    computed = [state[-1]]
+    for came in reversed(back):
+        state = (int(came[state]),) + state[:-1]
+        computed.append(state[-1])
+    return tuple(sorted(computed))
+
+
+def front_loaded(n: int, budget: int, power: float = 2.0) -> tuple[int, ...]:
+    """A front-loaded schedule of ``budget`` computed evaluations of ``n`` in the manner of L2P (arXiv 2604.26365):
+    evaluation ``(n - 1) * (k / budget) ** power`` for k = 0 .. budget - 1, i.e. gaps that grow from the start;
+    ``power`` 1 is even spacing from 0 (the last evaluations are forecast, as in L2P's schedules). Always starts at 0,
+    exactly ``min(budget, n)`` distinct evaluations."""
+    budget = max(1, min(budget, n))
+    picks = {0}
+    for k in range(1, budget):
+        u = k / budget
+        picks.add(min(n - 1, round((n - 1) * u ** power)))
+    free = iter(i for i in range(n) if i not in picks)
+    while len(picks) < budget:  # rounding merged two: the first free evaluations fill in, keeping it front-loaded
+        picks.add(next(free))
+    return tuple(sorted(picks))
+
+
+DP_ORDER_LIMIT = {2: 32}  # the largest trajectory each order's DP runs on (order 2: n^4 entries); above, that
+                          # order still forecasts the other orders' placements
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    compute: tuple[int, ...]
+    order: int
+    error: float          # the model's squared error of the final latent (ranks, never decides)
+    source: str           # which search proposed it: "dp", "front-loaded", "even", ...
+
+
+class Proposals:
+    """Candidate plans for any budget from one recorded trajectory: the DP optima of every order and metric
+    (computed once for all budgets), front-loaded and even schedules, ranked by the final-latent error model."""
+
+    def __init__(self, sigmas: Sequence[float], outputs: Sequence[torch.Tensor], orders: Sequence[int] = ORDERS,
+                 extra=None):
+        self.sigmas = list(sigmas)
+        self.orders = tuple(orders)
+        self.g = gram(outputs)
+        self.extra = extra  # budget -> [(plan, source)], e.g. the former greedy placements
+        n = len(self.sigmas)
+        self.dp = {}
+        for order in self.orders:
+            if n <= DP_ORDER_LIMIT.get(order, n):
+                table = error_table(self.g, self.sigmas, order)
+                for metric in ("squared", "norm"):
+                    self.dp[(order, metric)] = dp_plans(None, self.sigmas, order, metric=metric, table=table)
+
+    def ranked(self, budget: int) -> list[Candidate]:
+        n = len(self.sigmas)
+        budget = max(1, min(budget, n))
+        pool: dict[tuple[int, ...], str] = {}
+        for (order, metric), plans in sorted(self.dp.items()):
+            if budget in plans:
+                pool.setdefault(plans[budget], "dp")
+        for power in (1.5, 2.0, 3.0):
+            pool.setdefault(front_loaded(n, budget, power), "front-loaded")
+        pool.setdefault(front_loaded(n, budget, 1.0), "even")
+        for k in range(1, n + 1):  # a fixed cadence (every k-th from the first), where it has this budget
+            if len(range(0, n, k)) == budget:
+                pool.setdefault(tuple(range(0, n, k)), "cadence")
+        for plan, source in (self.extra(budget) if self.extra else ()):
+            if len(set(plan)) == budget:
+                pool.setdefault(tuple(sorted(set(plan))), source)
+        ranked = [Candidate(plan, order, plan_error(self.g, self.sigmas, plan, order), source)
+                  for plan, source in pool.items() for order in self.orders]
+        ranked.sort(key=lambda c: (c.error, c.order, c.compute))
+        return ranked
+
+    def to_measure(self, budget: int, count: int) -> list[Candidate]:
+        """The ``count`` best-ranked candidates with distinct placements (each with its best-ranked order)."""
+        chosen, seen = [], set()
+        for c in self.ranked(budget):
+            if c.compute not in seen:
+                seen.add(c.compute)
+                chosen.append(c)
+            if len(chosen) == count:
+                break
+        return chosen
+
+
+def neighbours(compute: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
+    """The plans that move one computed evaluation (never the first) one step earlier or later."""
+    out, taken = [], set(compute)
+    for i in compute[1:]:
+        for j in (i - 1, i + 1):
+            if 0 < j < n and j not in taken:
+                out.append(tuple(sorted(taken - {i} | {j})))
+    return out
+
+
+@dataclasses.dataclass
+class SearchOutcome:
+    compute: tuple[int, ...]
+    order: int
+    quality: object            # what ``measure`` returned for it (has .psnr)
+    runs: int                  # distinct plans measured (sampling runs per seed)
+    source: str
+
+
+def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *, min_psnr: float | None = None,
+           budget: int | None = None, orders: Sequence[int] = ORDERS, per_budget: int = 4, refine: int | None = None,
+           extra=None) -> SearchOutcome:
+    """The least work that meets ``min_psnr`` (or, for ``budget``, the best plan of exactly that many computed
+    evaluations), every candidate confirmed by ``measure(compute, order) -> quality`` (a real sampling run: the
+    measured PSNR decides, the error model only ranks).
+
+    ``min_psnr``: bisection over budgets; at each budget up to ``per_budget`` candidates with distinct placements
+    are measured in the model's order until one meets the bound. Then one budget less is tried once more by a
+    measured local search (``refine`` runs at most, default 2 per free evaluation): from the best plan measured
+    there, moving one computed evaluation by a step while that raises the PSNR. ``budget``: the ``per_budget``
+    best-ranked candidates, then the same local search for the highest PSNR."""
+    n = len(sigmas)
+    if (budget is None) == (min_psnr is None):
+        raise ValueError("Give exactly one target: a budget of computed steps or a minimum PSNR.")
+    proposals = Proposals(sigmas, outputs, orders, extra)
+    measured: dict[tuple[tuple[int, ...], int], object] = {}
+    sources: dict[tuple[tuple[int, ...], int], str] = {}
+
+    def run(compute, order, source):
+        key = (tuple(compute), order)
+        if key not in measured:
+            measured[key] = measure(key[0], order)
+            sources[key] = source
+        return measured[key]
+
+    def meets(key) -> bool:
+        return min_psnr is not None and measured[key].psnr >= min_psnr
+
+    def at_budget(b: int, stop: bool):
+        best = None
+        for c in proposals.to_measure(b, per_budget):
+            run(c.compute, c.order, c.source)
+            key = (c.compute, c.order)
+            if best is None or measured[key].psnr > measured[best].psnr:
+                best = key
+            if stop and meets(key):
+                return key
+        return best
+
+    def climb(key, limit: int, stop: bool):
+        """Measured hill climb from ``key``: first improvement, at most ``limit`` runs."""
+        spent, improved = 0, True
+        while improved and spent < limit:
+            improved = False
+            for plan in neighbours(key[0], n):
+                if (plan, key[1]) in measured:
+                    continue
+                if spent >= limit:
+                    break
+                run(plan, key[1], "refined")
+                spent += 1
+                if measured[(plan, key[1])].psnr > measured[key].psnr:
+                    key, improved = (plan, key[1]), True
+                    if stop and meets(key):
+                        return key
+                    break
+        return key
+
+    def outcome(key) -> SearchOutcome:
+        return SearchOutcome(key[0], key[1], measured[key], len(measured), sources[key])
+
+    if budget is not None:
+        b = max(1, min(budget, n))
+        key = at_budget(b, stop=False)
+        return outcome(climb(key, refine if refine is not None else 2 * (b - 1), stop=False))
+    lo, hi, best = min(2, n), n, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        key = at_budget(mid, stop=True)
+        if meets(key):
+            best, hi = key, mid - 1
+        else:
+            lo = mid + 1
+    if best is None:  # nothing met the bound: every evaluation computed
+        return outcome(at_budget(n, stop=True))
+    b = len(best[0]) - 1
+    if b >= 1:
+        start = max((k for k in measured if len(k[0]) == b), key=lambda k: measured[k].psnr, default=None)
+        start = start or at_budget(b, stop=True)
+        if meets(start):
+            return outcome(start)
+        found = climb(start, refine if refine is not None else 2 * (b - 1), stop=True)
+        if meets(found):
+            return outcome(found)
+    return outcome(best)
