@@ -100,7 +100,8 @@ class AutoCalibrate(CalibrationNode):
                     "varies by model: on the bundled digits model latent PSNR reads about 2.5 dB above image "
                     "PSNR, on other models the gap can be far larger.")),
                 io.Int.Input("budget", default=8, min=2, max=10000, tooltip=(
-                    "For 'budget': how many model evaluations to compute (the first and the last always are).")),
+                    "For 'budget': how many model evaluations to compute (the first always is; the 'greedy' search "
+                    "also computes the last).")),
                 io.Int.Input("order", default=1, min=0, max=2, tooltip=(
                     "Forecast order for skipped steps (0 reuses, 1 extrapolates linearly) when 'search' keeps it; "
                     "'steps and forecast' chooses the order itself.")),
