@@ -74,12 +74,12 @@ PER_RUN = 4
                                   "magcache calibration"])
 def test_transfers_per_evaluation_do_not_grow_with_branches_forwards_or_blocks(comfy, name):
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     runs = []
     chain = ic.InterceptorChain.of(chains(ic)[name])
     pos, neg = tiny_models.conditioning("flux", seed=1)
     model = adapter.install(tiny_models.build("flux"), chain, on_run_end=lambda run, summary: runs.append(run))
-    with conversions_from(os.path.dirname(os.path.abspath(adapter.__file__))) as calls:
+    with conversions_from(os.path.dirname(os.path.dirname(os.path.abspath(adapter.__file__)))) as calls:
         nodes.common_ksampler(model, 42, STEPS, 3.0, "euler", "simple", pos, neg, tiny_models.latent("flux"))
     evaluations = len(runs[0].records)
     assert evaluations == STEPS

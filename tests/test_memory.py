@@ -69,7 +69,7 @@ SKIPPING = {  # settings that skip on the tiny random-weight Flux, given the int
 @pytest.fixture(scope="module")
 def sample_tiny_flux(comfy):
     import nodes
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     core = comfy.module("interceptors")
     model = tiny_models.build("flux")
     pos, neg = tiny_models.conditioning("flux", seed=1)
@@ -132,7 +132,7 @@ def test_real_shapes_are_those_of_the_model_cards():
 def test_a_wan_run_holds_what_the_memory_table_predicts(comfy, method):
     """Wan's layout: one image stream, text by cross-attention, TeaCache's anchor the small timestep embedding."""
     import nodes
-    adapter, core = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, core = comfy.module("adapter"), comfy.module("interceptors")
     runs = []
     # TeaCache's Wan polynomial rescales the tiny random model's changes to tens of thousands per step
     decider = core.TeaCache(threshold=3e5) if method == "teacache" else SKIPPING[method](core)

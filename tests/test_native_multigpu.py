@@ -202,7 +202,7 @@ def test_a_forward_from_a_device_thread_switches_the_run_off_by_itself(multigpu,
     """The second line of defence: with the sampler-side detection taken out, the first forward that a device's
     thread runs (``multigpu_thread_device`` in its options) switches the run off, the threads racing to do it
     under the run's lock, before anything was cached: the same equality, and the note said once."""
-    monkeypatch.setattr(multigpu.module("comfy_adapter"), "native_multigpu", lambda model_options: False)
+    monkeypatch.setattr(multigpu.module("adapter.conflicts"), "native_multigpu", lambda model_options: False)
     assert _problems(multigpu, caplog, CHAINS[name], "sampler") == []
 
 
@@ -221,7 +221,7 @@ def test_the_check_fails_when_the_switch_off_is_removed(multigpu, caplog, monkey
     """The gate can fail: with the multi-GPU detection taken out of the adapter, the devices' threads cache into
     one shared run, and the check above finds the model computing less and the output changed (or the prompt
     failing on the threads' shared state)."""
-    adapter = multigpu.module("comfy_adapter")
+    adapter = multigpu.module("adapter.conflicts")
     monkeypatch.setattr(adapter, "native_multigpu", lambda model_options: False)
     monkeypatch.setattr(adapter, "MULTIGPU_DEVICE_KEY", "no such key")
     problems = _problems(multigpu, caplog, _fixed_cadence, "sampler")

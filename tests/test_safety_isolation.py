@@ -28,7 +28,7 @@ STEPS = 8
 # ------------------------------------------------------------------------------------------- helpers --
 
 def pack(comfy):
-    return comfy.module("comfy_adapter"), comfy.module("interceptors")
+    return comfy.module("adapter"), comfy.module("interceptors")
 
 
 def live(type_name: str) -> int:
