@@ -67,8 +67,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
                         cache_device="cpu" if cache_on_cpu else None, observers=observers,
                         first_step=first_step, schedule_steps=schedule_steps,
                         group=rank_group() if rank_group is not None else None,
-                        sampler=sampler_identity(sampler), cfg=guider_cfg(guider))
-        run.card = card
+                        sampler=sampler_identity(sampler), cfg=guider_cfg(guider), card=card)
         if schedule is None:
             _note_partial_run(run, chain, run.sample_sigmas, float(sampling.sigma_max))
         if guidance is not None:
