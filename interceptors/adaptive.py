@@ -23,6 +23,7 @@ from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 class AdaptiveCache(Decider):
     kind = "adaptive"
     display_name = "Adaptive Cache"
+    metric_name = "accumulated predicted change"
     granularity = Granularity.MODEL
     signal = "model_input"
 

@@ -128,6 +128,12 @@ class Decider(Interceptor):
     # True: some setting counts steps of the model's schedule (a warm-up, a ratio curve), so the run must know
     # where its steps sit in that schedule (Evaluation.position).
     counts_steps: ClassVar[bool] = False
+    # What the metric it reports (``run.report_metric``) measures: the tuning plot's y axis and the live text's
+    # wording. None: no name of its own (shown as "change metric").
+    metric_name: ClassVar[str | None] = None
+    # True: its metric is named only where no other decider of the chain reports one (a decider beside a step or
+    # block cache, whose metric the plot and the live text then show).
+    metric_secondary: ClassVar[bool] = False
 
     start_percent: float = 0.0
     end_percent: float = 1.0

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class DBCache(Decider):
     kind = "dbcache"
     display_name = "DBCache"
+    metric_name = "residual change (relative L1)"
     granularity = Granularity.BLOCKS
     signal = "probe_residual"
     counts_steps = True

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class FixedCadence(Decider):
     kind = "fixed_cadence"
     display_name = "Fixed Cadence"
+    metric_name = "evaluations since last compute"
     granularity = Granularity.MODEL
 
     interval: int = 2

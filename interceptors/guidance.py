@@ -51,6 +51,8 @@ def _rows(sigma: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 class GuidanceCache(Decider):
     kind = "guidance_cache"
     display_name = "Guidance Cache"
+    metric_name = "guidance: steps / predicted change"
+    metric_secondary = True  # beside a step or block cache, that cache's metric is the one shown
     granularity = Granularity.GUIDANCE
     signal: ClassVar[str] = "guidance"  # decide() is handed {key: that calc's BranchState}
 

@@ -73,6 +73,7 @@ def parse_ratios(text: str, node: str) -> tuple[float, ...]:
 class MagCache(Decider):
     kind = "magcache"
     display_name = "MagCache"
+    metric_name = "accumulated error"
     granularity = Granularity.BLOCKS
     counts_steps = True
 

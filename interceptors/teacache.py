@@ -46,6 +46,7 @@ def rescale(coefficients: tuple[float, ...], x: float) -> float:
 class TeaCache(Decider):
     kind = "teacache"
     display_name = "TeaCache"
+    metric_name = "accumulated rescaled change"
     granularity = Granularity.BLOCKS
     signal = "modulated_input"
 
