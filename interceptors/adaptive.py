@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from .base import Decider, Granularity, check_range
+from .memory import Footprint
 from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 
 
@@ -24,6 +25,7 @@ class AdaptiveCache(Decider):
     kind = "adaptive"
     display_name = "Adaptive Cache"
     metric_name = "accumulated predicted change"
+    footprint = Footprint("model_outputs", anchor="model_anchors")
     granularity = Granularity.MODEL
     signal = "model_input"
 

@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
+    from .memory import Footprint
     from .metrics import Measure
     from .state import Evaluation, Forward, LoopState
 
@@ -134,6 +135,8 @@ class Decider(Interceptor):
     # True: its metric is named only where no other decider of the chain reports one (a decider beside a step or
     # block cache, whose metric the plot and the live text then show).
     metric_secondary: ClassVar[bool] = False
+    # What it keeps between steps per CFG branch, for interceptors/memory.py's arithmetic; None: not counted there.
+    footprint: ClassVar["Footprint | None"] = None
 
     start_percent: float = 0.0
     end_percent: float = 1.0

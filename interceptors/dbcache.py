@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .base import Decider, Granularity, InterceptorError, check_range
+from .memory import Footprint
 from .metrics import relative_l1_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,6 +28,7 @@ class DBCache(Decider):
     kind = "dbcache"
     display_name = "DBCache"
     metric_name = "residual change (relative L1)"
+    footprint = Footprint("block_streams", anchor="probe_residual")
     granularity = Granularity.BLOCKS
     signal = "probe_residual"
     counts_steps = True

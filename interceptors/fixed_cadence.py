@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .base import Decider, Granularity, InterceptorError
+from .memory import Footprint
 
 if TYPE_CHECKING:  # pragma: no cover
     from .state import Evaluation, LoopState
@@ -20,6 +21,7 @@ class FixedCadence(Decider):
     kind = "fixed_cadence"
     display_name = "Fixed Cadence"
     metric_name = "evaluations since last compute"
+    footprint = Footprint("model_outputs")
     granularity = Granularity.MODEL
 
     interval: int = 2

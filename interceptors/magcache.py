@@ -16,6 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .base import Decider, Granularity, InterceptorError, RecordingDecider, check_range
+from .memory import Footprint
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cards import ModelCard
@@ -74,6 +75,7 @@ class MagCache(Decider):
     kind = "magcache"
     display_name = "MagCache"
     metric_name = "accumulated error"
+    footprint = Footprint("block_streams")
     granularity = Granularity.BLOCKS
     counts_steps = True
 

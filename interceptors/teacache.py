@@ -13,6 +13,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .base import Decider, Granularity, InterceptorError, check_range
+from .memory import Footprint
 from .metrics import relative_l1_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +48,7 @@ class TeaCache(Decider):
     kind = "teacache"
     display_name = "TeaCache"
     metric_name = "accumulated rescaled change"
+    footprint = Footprint("block_streams", anchor="modulated_input")
     granularity = Granularity.BLOCKS
     signal = "modulated_input"
 

@@ -91,7 +91,7 @@ def test_a_run_holds_what_the_memory_table_predicts_and_at_most_order_plus_2_str
     run = sample_tiny_flux(chain)
     assert sum(r.skipped for r in run.records) >= 2, "the run must really skip for its caches to fill"
     held = sum(run.cache_peak_bytes.values())
-    assert held == memory.cache_memory(TINY_FLUX, method, order).total
+    assert held == memory.cache_memory(TINY_FLUX, chain[0], order).total
     assert run.cache_bytes and set(run.cache_peak_bytes) == {"cpu"}
     points = 1 if order is None else order + 1
     if method in ("fixed_cadence", "adaptive"):   # model outputs, float32, and the Adaptive Cache's 3 anchors
@@ -104,18 +104,19 @@ def test_a_run_holds_what_the_memory_table_predicts_and_at_most_order_plus_2_str
 @pytest.mark.parametrize("method, window", [("fixed_cadence", 4), ("fixed_cadence", 10), ("dbcache", 3)])
 def test_spectrum_holds_one_point_per_computed_step_up_to_its_window(comfy, sample_tiny_flux, method, window):
     core = comfy.module("interceptors")
-    run = sample_tiny_flux([SKIPPING[method](core), core.Spectrum(window=window, degree=1)])
+    decider = SKIPPING[method](core)
+    run = sample_tiny_flux([decider, core.Spectrum(window=window, degree=1)])
     computed = sum(not r.skipped for r in run.records)
     assert sum(r.skipped for r in run.records) >= 2 and computed > 3, "the run must really skip and compute"
     held = sum(run.cache_peak_bytes.values())
-    assert held == memory.cache_memory(TINY_FLUX, method, points=min(window, computed)).total
+    assert held == memory.cache_memory(TINY_FLUX, decider, points=min(window, computed)).total
 
 
 def test_cache_on_cpu_holds_the_same_bytes(comfy, sample_tiny_flux):
     core = comfy.module("interceptors")
     chain = [core.DBCache(threshold=1.0, warmup=0.0), core.TaylorSeer(order=1)]
     run = sample_tiny_flux(chain, cache_on_cpu=True)
-    assert sum(run.cache_peak_bytes.values()) == memory.cache_memory(TINY_FLUX, "dbcache", 1, cache_on_cpu=True).total
+    assert sum(run.cache_peak_bytes.values()) == memory.cache_memory(TINY_FLUX, chain[0], 1, cache_on_cpu=True).total
 
 
 def test_real_shapes_are_those_of_the_model_cards():
@@ -144,4 +145,4 @@ def test_a_wan_run_holds_what_the_memory_table_predicts(comfy, method):
     # 2 latent frames of 16x16, patch 1x2x2 -> 128 tokens; hidden 64; float32 blocks; cond and uncond
     tiny_wan = memory.StreamShape("tiny Wan", "wan", "image", image_tokens=128, text_tokens=0, hidden=64,
                                   latent_elements=16 * 2 * 16 * 16, branches=2, stream_bytes=4)
-    assert sum(runs[0].cache_peak_bytes.values()) == memory.cache_memory(tiny_wan, method, 1).total
+    assert sum(runs[0].cache_peak_bytes.values()) == memory.cache_memory(tiny_wan, decider, 1).total
