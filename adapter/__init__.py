@@ -9,7 +9,7 @@ Everything it changes goes through ComfyUI's public extension points, and the mo
 forward and every block that runs.
 A few things read what ComfyUI does not offer as an interface, each checked where it is read:
 
-* TeaCache's signal is computed from the first block's modulation modules (``cards.MODULATION_MODULES``), which
+* TeaCache's signal is computed from the first block's modulation modules (``cards.SIGNAL_PROBES``), which
   a ComfyUI update or another model class may rename; they are probed when the chain is installed, and a
   model without them is refused before anything is sampled;
 * the model card comes from class names (``model.model``, its config, its diffusion model and which of

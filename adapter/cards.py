@@ -2,7 +2,9 @@
 read a method's signal off the model's first block."""
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Callable
 
 import torch
 
@@ -27,7 +29,7 @@ def model_card(model) -> ModelCard:
             if isinstance(child, torch.nn.ModuleList):
                 counts[name] = len(child)
     return build_card(mro, config_mro, sampling_classes, counts, diffusion=diffusion_facts(diffusion),
-                      config_settings=settings, file_name=loaded_file_name(model))
+                      config_settings=settings, file_name=loaded_file_name(model), signals=SIGNAL_PROBES)
 
 
 def loaded_file_name(model) -> str:
@@ -50,46 +52,73 @@ def diffusion_facts(diffusion) -> DiffusionFacts | None:
     return DiffusionFacts(tuple(c.__name__ for c in classes), runners)
 
 
-# The modules of block 0 each family's modulated input is computed from (ComfyUI internals, not an extension
-# point: probed when a chain is installed, so a model laid out differently is refused before sampling).
-MODULATION_MODULES = {"flux": ("img_mod", "img_norm1"), "chroma": ("img_mod", "img_norm1"),
-                      "hunyuan_video": ("img_mod", "img_norm1"), "ltxv": ("scale_shift_table",)}
+def _flux_like_modules(first) -> tuple[str, ...]:
+    # Chroma's blocks take their modulation as an argument (``modulation`` False) and have no img_mod
+    return ("img_norm1",) if getattr(first, "modulation", True) is False else ("img_mod", "img_norm1")
 
 
-def modulated_input(card: ModelCard, model, decider):
-    """TeaCache's signal for this family: block 0's timestep-modulated input, computed from the block's own
-    modules on the arguments the model hands the block (before the block runs and changes them)."""
+def _flux_like(first):
+    from comfy.ldm.flux.layers import apply_mod
+
+    def modulated(args):
+        vec = args["vec"]
+        mod = first.img_mod(vec)[0] if getattr(first, "modulation", True) else vec[0][0]
+        return apply_mod(first.img_norm1(args["img"]), 1 + mod.scale, mod.shift, args.get("modulation_dims_img"))
+    return modulated
+
+
+def _ltxv(first):
+    from comfy.ldm.common_dit import rms_norm
+
+    def modulated(args):
+        x, t = args["img"], args["vec"]
+        table = first.scale_shift_table
+        shift, scale = (table[None, None].to(x) + t.reshape(x.shape[0], t.shape[1], table.shape[0], -1)).unbind(2)[:2]
+        normed = rms_norm(x)
+        return normed + normed * scale + shift
+    return modulated
+
+
+def _wan(first):
+    # e0, the projected timestep embedding TeaCache's Wan fit uses; a copy, as deciders may keep a signal as it is
+    return lambda args: args["vec"].clone()
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """How one family's signal is read off its first block: ``modules(block)`` names the block's modules it
+    uses (checked when a chain is installed), ``make(block)`` gives the function computing the signal from the
+    arguments the model hands the block (before the block runs and changes them)."""
+
+    modules: Callable[[object], tuple[str, ...]]
+    make: Callable[[object], Callable[[dict], torch.Tensor]]
+
+
+FLUX_LIKE = Probe(_flux_like_modules, _flux_like)
+# Decider signal -> model family -> its probe: the one place that says which family offers which signal beyond
+# those the engine makes itself. The cards offer exactly these (ModelCard.signals), so a method needing one is
+# refused before sampling on any other family. ComfyUI internals, not an extension point.
+SIGNAL_PROBES: dict[str, dict[str, Probe]] = {
+    "modulated_input": {  # TeaCache's: block 0's timestep-modulated input
+        "flux": FLUX_LIKE, "chroma": FLUX_LIKE, "hunyuan_video": FLUX_LIKE,
+        "ltxv": Probe(lambda first: ("scale_shift_table",), _ltxv),
+        "wan": Probe(lambda first: (), _wan),
+    },
+}
+
+
+def signal_probe(card: ModelCard, model, decider):
+    """The function computing ``decider``'s signal for this model from block 0's arguments, or None where the
+    engine makes the signal itself. Refuses a model whose first block lacks the modules the probe reads."""
+    probe = SIGNAL_PROBES.get(decider.signal, {}).get(card.family)
+    if probe is None:
+        return None
     first = getattr(model.model.diffusion_model, card.groups[0].attribute)[0]
-    needed = MODULATION_MODULES.get(card.family, ())
-    if getattr(first, "modulation", True) is False:  # Chroma's blocks take their modulation as an argument
-        needed = tuple(n for n in needed if n != "img_mod")
-    missing = [name for name in needed if not hasattr(first, name)]
+    missing = [name for name in probe.modules(first) if not hasattr(first, name)]
     if missing:
         raise ChainError(
             f"{decider.label} ({decider.display_name}) computes its signal from the first block's "
             f"{', '.join(missing)}, which the first block of {card.name} ({type(first).__name__}) does not have "
             f"(a model class laid out differently, or a ComfyUI version that renamed them). Use the Adaptive "
             f"Cache or DBCache node instead, which only use ComfyUI's hooks.")
-    if card.family in ("flux", "chroma", "hunyuan_video"):
-        from comfy.ldm.flux.layers import apply_mod
-
-        def flux_like(args):
-            vec = args["vec"]
-            mod = first.img_mod(vec)[0] if getattr(first, "modulation", True) else vec[0][0]
-            return apply_mod(first.img_norm1(args["img"]), 1 + mod.scale, mod.shift, args.get("modulation_dims_img"))
-        return flux_like
-    if card.family == "ltxv":
-        from comfy.ldm.common_dit import rms_norm
-
-        def ltxv(args):
-            x, t = args["img"], args["vec"]
-            table = first.scale_shift_table
-            shift, scale = (table[None, None].to(x) + t.reshape(x.shape[0], t.shape[1], table.shape[0], -1)).unbind(2)[:2]
-            normed = rms_norm(x)
-            return normed + normed * scale + shift
-        return ltxv
-    if card.family == "wan":
-        return lambda args: args["vec"].clone()  # e0, the projected timestep embedding TeaCache's Wan fit uses;
-                                                 # a copy, as deciders may keep a signal as it is
-    return None
-
+    return probe.make(first)

@@ -13,7 +13,7 @@ from ..interceptors.engine import BlockPlan, model_forward
 from ..interceptors.guidance import guided_batch
 from . import conflicts
 from .blocks import adds_between_blocks, install_blocks, remove_blocks
-from .cards import model_card, modulated_input
+from .cards import model_card, signal_probe
 from .keys import CHAIN_KEY, STATE_KEY, WRAPPER_KEY, installed_chain
 
 log = logging.getLogger("cached_sampler")
@@ -43,7 +43,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     if problems:
         raise ChainError("\n".join(problems))
     decider = chain.decider(Granularity.BLOCKS)
-    modulated = modulated_input(card, model, decider) if decider and decider.signal == "modulated_input" else None
+    modulated = signal_probe(card, model, decider) if decider is not None else None
     patched = model.clone()
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
     observers = [NaNWatch()]

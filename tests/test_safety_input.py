@@ -450,3 +450,34 @@ def test_the_adapter_refuses_before_touching_the_model(comfy):
     with pytest.raises(ValueError, match="distilled"):
         adapter.install(distilled, ic.InterceptorChain.of([ic.FixedCadence(interval=2)]))
     assert patcher_state(distilled) == before
+
+
+def test_teacache_is_offered_exactly_where_the_adapters_probe_reads_its_signal(comfy):
+    """The card offers TeaCache's signal from the adapter's one probe table: on every block-level tiny family whose
+    card offers it, a run measures the signal on every evaluation after the first (the probe works on that model
+    class); on every other block-level family TeaCache is refused when the chain is installed."""
+    import nodes
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
+    offered, refused = [], []
+    for family in tiny_models.FAMILIES:
+        if not tiny_models.available(family) or not tiny_models.block_groups(family):
+            continue
+        model = tiny_models.build(family)
+        card = adapter.model_card(model)
+        if ic.Granularity.BLOCKS not in card.levels:
+            continue
+        chain = ic.InterceptorChain.of([ic.TeaCache(threshold=100.0, model_type="ltxv", start_percent=0.0,
+                                                    end_percent=1.0)])
+        if "modulated_input" not in card.signals:
+            with pytest.raises(ic.ChainError, match="Adaptive Cache"):
+                adapter.install(model, chain, allow_distilled=True)
+            refused.append(family)
+            continue
+        runs = []
+        patched = adapter.install(model, chain, allow_distilled=True, on_run_end=lambda run, summary: runs.append(run))
+        pos, neg = tiny_models.conditioning(family, seed=1)
+        nodes.common_ksampler(patched, 1, 3, 3.0, "euler", "simple", pos, neg, tiny_models.latent(family))
+        assert all(r.metric is not None for r in runs[0].records[1:-1]), f"{family}: the signal was not measured"
+        offered.append(family)
+    assert {"flux", "chroma", "wan21", "hunyuan_video", "ltxv"} <= set(offered), offered
+    assert {"qwen_image", "sd3"} <= set(refused), refused
