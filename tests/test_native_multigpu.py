@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import graphs
+import methods
 import tiny_models
 import tiny_nodes
 from tiny_nodes import CAPTURED
@@ -34,19 +35,9 @@ def _fixed_cadence(prompt):
     return graphs.config(prompt, "ts", "CachedSamplerTaylorSeer", upstream=chain, order=1)
 
 
-def _first_block_cache(prompt):
-    return graphs.config(prompt, "fb", "CachedSamplerFirstBlockCache", threshold=50.0, warmup=0.0,
-                         max_cached_steps=-1, max_consecutive_cached=2, **WINDOW)
-
-
-def _guidance_cache(prompt):
-    return graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", interval=2, mode="cadence", threshold=0.0,
-                         estimate="difference", **WINDOW)
-
-
-# every level the pack caches at: whole model (APPLY_MODEL), blocks (patches_replace), CFG branch (CALC_COND_BATCH)
-CHAINS = {"fixed cadence + taylorseer": _fixed_cadence, "first block cache": _first_block_cache,
-          "guidance cache": _guidance_cache}
+# Every method of the shared list (tests/methods.py), at every level the pack caches at: whole model (APPLY_MODEL),
+# blocks (patches_replace), CFG branch (CALC_COND_BATCH).
+CHAINS = {name: (lambda prompt, name=name: methods.build(prompt, name)) for name in methods.NAMES}
 
 
 class ReloadableTinyModel(tiny_nodes.TinyModel):

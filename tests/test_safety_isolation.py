@@ -309,11 +309,16 @@ def multi_sampler_prompt(make_chain, only=None):
     return prompt
 
 
-@pytest.mark.parametrize("chain", ["dbcache", "fixed_cadence", "adaptive", "cadence+taylorseer"])
+def shared(name):
+    """The config nodes of the shared list's method ``name`` (tests/methods.py), with settings that skip."""
+    return lambda prompt: methods.build(prompt, name)
+
+
+@pytest.mark.parametrize("chain", methods.NAMES)
 def test_one_config_node_feeding_several_samplers_equals_each_run_alone(comfy, chain):
-    together, ui, _, _ = execute(comfy, multi_sampler_prompt(CHAINS[chain]), comfy.executor(cache=False))
+    together, ui, _, _ = execute(comfy, multi_sampler_prompt(shared(chain)), comfy.executor(cache=False))
     for node_id in SAMPLERS:
-        alone, ui_alone, _, _ = execute(comfy, multi_sampler_prompt(CHAINS[chain], only=node_id),
+        alone, ui_alone, _, _ = execute(comfy, multi_sampler_prompt(shared(chain), only=node_id),
                                         comfy.executor(cache=False))
         assert torch.equal(together[node_id], alone[node_id]), (chain, node_id)
         assert summary(ui, node_id) == summary(ui_alone, node_id)
@@ -354,11 +359,11 @@ def rerun_prompt(make_chain, seed=42, steps=STEPS):
     return prompt, chain
 
 
-@pytest.mark.parametrize("chain", ["dbcache", "fixed_cadence", "adaptive", "cadence+taylorseer"])
+@pytest.mark.parametrize("chain", methods.NAMES)
 def test_same_prompt_twice_and_a_b_a_give_identical_latents_and_decisions(comfy, chain):
     ex = comfy.executor(cache=True)
-    prompt_a, config = rerun_prompt(CHAINS[chain], seed=1)
-    prompt_b, _ = rerun_prompt(CHAINS[chain], seed=2)
+    prompt_a, config = rerun_prompt(shared(chain), seed=1)
+    prompt_b, _ = rerun_prompt(shared(chain), seed=2)
     runs = []
     for prompt in (prompt_a, prompt_a, prompt_b, prompt_a):
         runs.append(execute(comfy, prompt, ex))
