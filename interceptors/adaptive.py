@@ -17,6 +17,7 @@ import dataclasses
 
 from .base import Decider
 from .kinds import Granularity, check_range
+from .memory import Footprint
 from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 
 
@@ -24,6 +25,8 @@ from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 class AdaptiveCache(Decider):
     kind = "adaptive"
     display_name = "Adaptive Cache"
+    metric_name = "accumulated predicted change"
+    footprint = Footprint("model_outputs", anchor="model_anchors")
     granularity = Granularity.MODEL
     signal = "model_input"
 

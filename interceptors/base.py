@@ -14,6 +14,7 @@ import torch
 
 from .cards import ModelCard
 from .kinds import Granularity, InterceptorError, Role, check_range
+from .memory import Footprint
 from .metrics import Measure
 from .records import Evaluation, Forward
 from .run import Run
@@ -99,6 +100,14 @@ class Decider(Interceptor):
     verifies_forecast: ClassVar[bool] = False
     # the last step is computed whatever the rule says; a plan whose quality was measured with it forecast says False
     forces_last_step: ClassVar[bool] = True
+    # What the metric it reports (``run.report_metric``) measures: the tuning plot's y axis and the live text's
+    # wording. None: no name of its own (shown as "change metric").
+    metric_name: ClassVar[str | None] = None
+    # True: its metric is named only where no other decider of the chain reports one (a decider beside a step or
+    # block cache, whose metric the plot and the live text then show).
+    metric_secondary: ClassVar[bool] = False
+    # What it keeps between steps per CFG branch, for interceptors/memory.py's arithmetic; None: not counted there.
+    footprint: ClassVar[Footprint | None] = None
 
     start_percent: float = 0.0
     end_percent: float = 1.0

@@ -8,7 +8,7 @@ from the loaded model and picks the family by class name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Container, Mapping
 
 from .kinds import Granularity
 
@@ -61,6 +61,9 @@ class ModelCard:
     # Why a level or a published curve the family has is not offered for this model (shown where a method that
     # needs it is refused, and in docs/families.md).
     notes: tuple[str, ...] = ()
+    # The decider signals (Decider.signal) the adapter can read off this model's blocks beyond those the engine
+    # makes itself: ``modulated_input`` where it has a probe for the family (build_card's ``signals``).
+    signals: frozenset[str] = frozenset()
 
     @property
     def blocks_off(self) -> str | None:
@@ -288,7 +291,8 @@ def distilled_reason(config_mro: tuple[str, ...], settings: Mapping[str, object]
 def build_card(model_class: str | tuple[str, ...], config_class: str | tuple[str, ...] = "",
                sampling_classes: tuple[str, ...] = (), group_counts: Mapping[str, int] | None = None,
                block_hooks: bool = True, diffusion: DiffusionFacts | None = None,
-               config_settings: Mapping[str, object] | None = None, file_name: str = "") -> ModelCard:
+               config_settings: Mapping[str, object] | None = None, file_name: str = "",
+               signals: Mapping[str, Container[str]] | None = None) -> ModelCard:
     """The card for a model, from the names ComfyUI gives its parts.
 
     ``model_class`` is the class name of ``model.model`` or its whole MRO (most derived first); ``config_class``
@@ -297,7 +301,9 @@ def build_card(model_class: str | tuple[str, ...], config_class: str | tuple[str
     model; a family without counts (or without block hooks) is offered at whole-model level only.
     ``diffusion`` describes the diffusion model, which decides whether a subclass of a known family may use
     the family's block layout (:func:`block_inheritance_problem`). ``file_name`` is the checkpoint's file name
-    where the loader recorded it (:data:`DISTILLED_FILE_WORDS`).
+    where the loader recorded it (:data:`DISTILLED_FILE_WORDS`). ``signals`` maps each decider signal the caller
+    can compute from a model's blocks to the families it can compute it for (the adapter's signal probes); the
+    card offers those of its family (``ModelCard.signals``).
     """
     mro = (model_class,) if isinstance(model_class, str) else tuple(model_class)
     model_class = mro[0]
@@ -331,5 +337,6 @@ def build_card(model_class: str | tuple[str, ...], config_class: str | tuple[str
     levels = {Granularity.MODEL}
     if groups and block_hooks:
         levels.add(Granularity.BLOCKS)
+    offered = frozenset(signal for signal, families in (signals or {}).items() if spec.family in families)
     return ModelCard(name, spec.family, frozenset(levels), groups, distilled, teacache, magcache,
-                     spec.injecting_inputs, tuple(notes))
+                     spec.injecting_inputs, tuple(notes), offered)

@@ -17,6 +17,7 @@ import torch
 from .base import Decider
 from .cards import ModelCard
 from .kinds import Granularity, InterceptorError, check_range
+from .memory import Footprint
 from .metrics import relative_l1_of
 
 
@@ -25,6 +26,8 @@ from .metrics import relative_l1_of
 class DBCache(Decider):
     kind = "dbcache"
     display_name = "DBCache"
+    metric_name = "residual change (relative L1)"
+    footprint = Footprint("block_streams", anchor="probe_residual")
     granularity = Granularity.BLOCKS
     signal = "probe_residual"
     counts_steps = True

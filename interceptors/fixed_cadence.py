@@ -12,6 +12,7 @@ from .base import Decider
 from .kinds import Granularity, InterceptorError
 from .records import Evaluation
 from .run import Run
+from .memory import Footprint
 
 
 
@@ -19,6 +20,8 @@ from .run import Run
 class FixedCadence(Decider):
     kind = "fixed_cadence"
     display_name = "Fixed Cadence"
+    metric_name = "evaluations since last compute"
+    footprint = Footprint("model_outputs")
     granularity = Granularity.MODEL
 
     interval: int = 2

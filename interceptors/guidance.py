@@ -54,6 +54,8 @@ KEPT_EVALUATIONS = 2
 class GuidanceCache(Decider):
     kind = "guidance_cache"
     display_name = "Guidance Cache"
+    metric_name = "guidance: steps / predicted change / disagreement"
+    metric_secondary = True  # beside a step or block cache, that cache's metric is the one shown
     granularity = Granularity.GUIDANCE
     signal: ClassVar[str] = "guidance"  # decide() is handed {key: that calc's BranchState}
     uses_estimator: ClassVar[bool] = False  # it forecasts the negative branch itself

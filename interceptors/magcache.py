@@ -17,6 +17,7 @@ import dataclasses
 from .base import Decider, RecordingDecider
 from .cards import ModelCard
 from .kinds import Granularity, InterceptorError, check_range
+from .memory import Footprint
 
 
 # Calibrated ratios published with Zehong-Ma/ComfyUI-MagCache (first value 1.0 = step 0). Wan curves
@@ -72,6 +73,8 @@ def parse_ratios(text: str, node: str) -> tuple[float, ...]:
 class MagCache(Decider):
     kind = "magcache"
     display_name = "MagCache"
+    metric_name = "accumulated error"
+    footprint = Footprint("block_streams")
     granularity = Granularity.BLOCKS
     counts_steps = True
 

@@ -15,14 +15,29 @@ known before a 14B video model is loaded. Per CFG branch a run keeps:
 With ``cache_on_cpu`` all of it goes to the CPU, the decider's anchors as well. A forward that
 computes also holds one clone of each segment's input while its blocks run (transient, not counted here),
 and a forecast is formed in float32, one cached quantity at a time.
+
+Each decider declares what it keeps (``Decider.footprint``, a :class:`Footprint`); this module only counts.
 """
 from __future__ import annotations
 
 import dataclasses
 
-BLOCK_METHODS = ("dbcache", "teacache", "magcache")  # First Block Cache keeps what DBCache keeps
-MODEL_METHODS = ("fixed_cadence", "adaptive")
 FLOAT32 = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """What a decider keeps between steps, per CFG branch.
+
+    ``cached``: ``"block_streams"`` (one residual per skippable segment and stream, in the compute dtype) or
+    ``"model_outputs"`` (model outputs, float32). ``anchor``: what the decider keeps to measure change against:
+    ``"probe_residual"`` (the probe block's image-stream residual), ``"modulated_input"`` (block 0's modulated
+    input; for Wan its timestep embedding e0), ``"model_anchors"`` (three latent-sized float32 tensors: input
+    and output anchors and the last input) or None (only numbers).
+    """
+
+    cached: str
+    anchor: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,17 +72,19 @@ class StreamShape:
                   "image": self.image_tokens}[self.layout]
         return tokens * self.hidden * self.stream_bytes
 
-    def anchor(self, method: str) -> int:
-        if method == "dbcache":
+    def anchor(self, footprint: Footprint) -> int:
+        """Bytes of one branch's anchor of a decider with ``footprint``."""
+        if footprint.anchor == "probe_residual":
             return self.image_stream
-        if method == "teacache":
+        if footprint.anchor == "modulated_input":
             return 6 * self.hidden * self.stream_bytes if self.family == "wan" else self.image_stream
-        if method == "adaptive":
+        if footprint.anchor == "model_anchors":
             return 3 * self.latent_elements * FLOAT32
         return 0
 
-    def cached(self, method: str, points: int) -> int:
-        per_point = self.segment_streams if method in BLOCK_METHODS else self.latent_elements * FLOAT32
+    def cached(self, footprint: Footprint, points: int) -> int:
+        """Bytes of one branch's cached quantities, ``points`` of each."""
+        per_point = self.segment_streams if footprint.cached == "block_streams" else self.latent_elements * FLOAT32
         return points * per_point
 
 
@@ -81,16 +98,18 @@ class CacheMemory:
         return self.on_model_device + self.on_cpu
 
 
-def cache_memory(shape: StreamShape, method: str, order: int | None = None, cache_on_cpu: bool = False,
+def cache_memory(shape: StreamShape, method, order: int | None = None, cache_on_cpu: bool = False,
                  branches: int | None = None, points: int | None = None) -> CacheMemory:
-    """Bytes ``method`` keeps for ``shape`` (``order`` None: reuse, else TaylorSeer's order), all branches.
-    ``points`` overrides what ``order`` implies: Spectrum keeps min(window, computed steps) points."""
-    if method == "fbcache":
-        method = "dbcache"
+    """Bytes ``method`` (a decider, or its class: what it declares as its ``footprint``) keeps for ``shape``
+    (``order`` None: reuse, else TaylorSeer's order), all branches. ``points`` overrides what ``order`` implies:
+    Spectrum keeps min(window, computed steps) points."""
+    footprint = method.footprint
+    if footprint is None:
+        raise ValueError(f"{method.display_name} declares no cache footprint")
     if points is None:
         points = 1 if order is None else order + 1
     n = shape.branches if branches is None else branches
-    anchor, cached = n * shape.anchor(method), n * shape.cached(method, points)
+    anchor, cached = n * shape.anchor(footprint), n * shape.cached(footprint, points)
     # every kept tensor, anchors included, goes through the run's cache placement (LoopState.keep/to_cache)
     return CacheMemory(0, anchor + cached) if cache_on_cpu else CacheMemory(anchor + cached, 0)
 

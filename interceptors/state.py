@@ -42,8 +42,9 @@ class LoopState:
                  percent_to_sigma: Callable[[float], float] | None = None,
                  cache_device: torch.device | str | None = None, observers: Sequence[Any] = (),
                  first_step: int = 0, schedule_steps: int | None = None, group=None, sampler: str = "",
-                 cfg: float | None = None):
+                 cfg: float | None = None, card=None):
         self.chain = chain
+        self.card = card        # the model's card (cards.ModelCard), where the run was made for a known model
         self.sampler = sampler  # what integrates the run (sampler function and its options), for plans made on it
         self.cfg = cfg          # the guider's cfg, when it has one
         self.estimator = chain.estimator
@@ -73,7 +74,6 @@ class LoopState:
         self.deferred: list = []  # (tensors, then): device values to read with the next transfer (read_later)
         self.evaluation: Evaluation | None = None
         self.current_forward: Forward | None = None
-        self.card = None
         self.cache_bytes: dict[str, int] = {}       # device -> bytes of tensors the run holds now
         self.cache_peak_bytes: dict[str, int] = {}  # the same when the run held the most
         self._windows = {d.id: self._window(d) for d in chain.deciders}
@@ -284,9 +284,9 @@ class LoopState:
 
     def report_metric(self, decider: Decider, value: float, threshold: float) -> None:
         """Record the change metric a decider compared against its threshold (shown in stats and plot). The plot
-        shows one metric: that of the deciders of model work (whole model, blocks) when the chain has one, else
-        the guidance level's."""
-        if decider.granularity == Granularity.GUIDANCE and (self.model_decider or self.block_decider):
+        shows one metric: a secondary decider's (``Decider.metric_secondary``: the Guidance Cache's) only where no
+        other decider of the chain reports one."""
+        if decider.metric_secondary and any(not d.metric_secondary for d in self.chain.deciders):
             return
         record = self.evaluation.record
         record.metric, record.threshold = float(value), float(threshold)

@@ -14,6 +14,7 @@ import dataclasses
 from .base import Decider
 from .cards import ModelCard
 from .kinds import Granularity, InterceptorError, check_range
+from .memory import Footprint
 from .metrics import relative_l1_of
 
 
@@ -29,8 +30,6 @@ COEFFICIENTS: dict[str, tuple[float, ...]] = {
     "wan2.1_i2v_480p_14B": (2.57151496e05, -3.54229917e04, 1.40286849e03, -1.35890334e01, 1.32517977e-01),
 }
 MODEL_TYPES = ("auto", *COEFFICIENTS)
-# Families whose block 0 the adapter knows how to read the modulated input from.
-SIGNAL_FAMILIES = ("flux", "chroma", "hunyuan_video", "ltxv", "wan")
 
 
 def rescale(coefficients: tuple[float, ...], x: float) -> float:
@@ -45,6 +44,8 @@ def rescale(coefficients: tuple[float, ...], x: float) -> float:
 class TeaCache(Decider):
     kind = "teacache"
     display_name = "TeaCache"
+    metric_name = "accumulated rescaled change"
+    footprint = Footprint("block_streams", anchor="modulated_input")
     granularity = Granularity.BLOCKS
     signal = "modulated_input"
 
@@ -62,7 +63,7 @@ class TeaCache(Decider):
         return COEFFICIENTS.get(key) if key else None
 
     def check_model(self, card: ModelCard) -> list[str]:
-        if card.family not in SIGNAL_FAMILIES:
+        if self.signal not in card.signals:  # no probe of the adapter reads block 0's modulated input there
             return [f"{self.label}: TeaCache needs a rescale polynomial fitted for the model, and none is published "
                     f"for {card.name}. Use the Adaptive Cache node (any model, no fitting) or DBCache instead."]
         if self.model_type == "auto" and card.teacache is None:

@@ -6,7 +6,7 @@ import nodes as comfy_nodes  # ComfyUI's top-level nodes module
 import torch
 from comfy_api.latest import io
 
-from .. import comfy_adapter
+from .. import adapter
 from ..interceptors import (InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder, PlannedSchedule, Quality,
                             Recorder, TaylorSeer, calibrate, image_quality, latent_quality, recorded_ratios,
                             recorded_trajectory, worst_quality)
@@ -35,8 +35,8 @@ class PromptRunner:
 
     def __call__(self, chain: InterceptorChain, seed: int | None = None) -> dict:
         steps = self.args[0]
-        patched = comfy_adapter.install(self.model, chain, on_run_end=lambda run, summary: self.runs.append(run),
-                                        schedule=comfy_adapter.schedule_of(steps, self.denoise))
+        patched = adapter.install(self.model, chain, on_run_end=lambda run, summary: self.runs.append(run),
+                                        schedule=adapter.schedule_of(steps, self.denoise))
         (latent,) = comfy_nodes.common_ksampler(patched, self.seed if seed is None else seed, *self.args,
                                                 denoise=self.denoise)
         return latent

@@ -2,42 +2,17 @@
 
 Raylight loads and samples the model inside its Ray actors, so a MODEL patched here never reaches them. This
 node sends the install to every actor through Raylight's ``ray_patch`` mechanism (the actor's model is replaced
-by the function's result) and asks rank 0 what now runs there. The shipped code lives in ``raylight_actor``.
+by the function's result) and asks rank 0 what now runs there. The shipped code lives in ``adapter/raylight.py``.
 """
 from __future__ import annotations
 
-import os
-import pickle
-
 from comfy_api.latest import io
 
-from .. import raylight_actor
-from ..interceptors import InterceptorError
+from ..adapter import raylight
 from .common import CATEGORY, PREFIX, Chain, as_chain, node_label
 from .sampler import safety_inputs
 
 RayActors = io.Custom("RAY_ACTORS")
-
-
-def raylight_patchers():
-    """Raylight's ``ray_patch`` and ``ray_patch_with_return`` (Raylight puts its ``src`` on sys.path)."""
-    try:
-        import ray
-        from raylight.comfy_extra_dist.ray_patch_decorator import ray_patch, ray_patch_with_return
-    except ImportError as e:
-        raise InterceptorError(f"Raylight (komikndr/raylight) and Ray must be installed in this ComfyUI: {e}") from None
-    ray.cloudpickle.register_pickle_by_value(raylight_actor)  # the actors cannot import the pack by name
-    return ray_patch, ray_patch_with_return
-
-
-def install_on_actors(ray_actors, chain, **options) -> str:
-    """Install ``chain`` on every actor's model, replacing any chain installed there before (an empty chain: remove
-    it, install nothing); rank 0's summary."""
-    ray_patch, ray_patch_with_return = raylight_patchers()
-    pack_dir = os.path.dirname(os.path.abspath(raylight_actor.__file__))
-    package = raylight_actor.__name__.rpartition(".")[0]
-    ray_patch(raylight_actor.install)(None, ray_actors, pack_dir, package, pickle.dumps((chain, options)))
-    return ray_patch_with_return(raylight_actor.summary)(None, ray_actors, pack_dir, package)
 
 
 class ApplyInterceptorsRaylight(io.ComfyNode):
@@ -72,7 +47,7 @@ class ApplyInterceptorsRaylight(io.ComfyNode):
         node = node_label("Apply Interceptors (Raylight)", cls.hidden.unique_id)
         chain = as_chain(interceptors, node)
         try:
-            text = install_on_actors(ray_actors, chain, allow_distilled=allow_distilled, cache_on_cpu=cache_on_cpu)
+            text = raylight.install_on_actors(ray_actors, chain, allow_distilled=allow_distilled, cache_on_cpu=cache_on_cpu)
         except ValueError as e:
             raise ValueError(f"{node}: {e}") from None
         return io.NodeOutput(ray_actors, ui={"text": (text,)})

@@ -14,17 +14,7 @@ from . import plot
 
 log = logging.getLogger("cached_sampler")
 
-# What each decider's reported metric measures (the y axis of the plot, the live text's wording).
-METRIC_NAMES = {
-    "fixed_cadence": "evaluations since last compute",
-    "dbcache": "residual change (relative L1)",
-    "fbcache": "residual change (relative L1)",
-    "adaptive": "accumulated predicted change",
-    "teacache": "accumulated rescaled change",
-    "magcache": "accumulated error",
-    "guidance_cache": "guidance: steps / predicted change",
-}
-DEFAULT_METRIC = "change metric"
+DEFAULT_METRIC = "change metric"  # the name of a metric whose decider declares none (Decider.metric_name)
 
 
 def send_progress_text(text: str, node_id) -> None:
@@ -77,10 +67,10 @@ class RunReport:
 
     @property
     def metric_name(self) -> str:
-        # Guidance Cache reports its metric only when no step or block cache does
-        kinds = {d.kind for d in self.chain.deciders if d.kind != "guidance_cache"} or {
-            d.kind for d in self.chain.deciders}
-        names = {METRIC_NAMES.get(k, DEFAULT_METRIC) for k in kinds}
+        """What the chain's reported metric measures, as its deciders declare it (``Decider.metric_name``); a
+        decider whose metric is secondary is named only where no other decider reports one."""
+        deciders = [d for d in self.chain.deciders if not d.metric_secondary] or list(self.chain.deciders)
+        names = {d.metric_name or DEFAULT_METRIC for d in deciders}
         return names.pop() if len(names) == 1 else DEFAULT_METRIC
 
     def warn(self, message: str) -> None:

@@ -7,7 +7,7 @@ import comfy.samplers
 import nodes as comfy_nodes  # ComfyUI's top-level nodes module (this package is never top-level)
 from comfy_api.latest import io
 
-from .. import comfy_adapter
+from .. import adapter
 from ..interceptors import InterceptorChain
 from .common import CATEGORY, PREFIX, as_chain, chain_input, node_label
 from .report import RunReport
@@ -67,7 +67,7 @@ def prepare(model, chain: InterceptorChain, node: str, allow_distilled: bool, ca
     """The model to sample with and the report that will describe the run. Validation happens here,
     before any sampling; a refused chain leaves ``model`` untouched. Without a report (Apply
     Interceptors, whose output ComfyUI reuses across prompts) runs are only logged. ``schedule``: where the
-    run's steps sit in the model's whole schedule (``comfy_adapter.schedule_of``)."""
+    run's steps sit in the model's whole schedule (``adapter.schedule_of``)."""
     report = report or RunReport(node, chain, live=False)
     if chain.empty:
         return model, report
@@ -76,7 +76,7 @@ def prepare(model, chain: InterceptorChain, node: str, allow_distilled: bool, ca
                     f"caching rarely helps there and may degrade the image.")
     try:
         hooks = dict(on_run_end=report.run_ended, on_evaluation=report.evaluation_ended) if report.live else {}
-        patched = comfy_adapter.install(model, chain, allow_distilled=allow_distilled, cache_on_cpu=cache_on_cpu,
+        patched = adapter.install(model, chain, allow_distilled=allow_distilled, cache_on_cpu=cache_on_cpu,
                                         schedule=schedule, **hooks)
     except ValueError as e:
         raise ValueError(f"{node}: {e}") from None
@@ -90,7 +90,7 @@ def sample(display_name: str, node_id, model, interceptors, allow_distilled: boo
     node = node_label(display_name, node_id)
     chain = as_chain(interceptors, node)
     report = RunReport(node, chain, node_id=node_id)
-    schedule = comfy_adapter.schedule_of(steps, ksampler.get("denoise", 1.0), ksampler.get("start_step", 0))
+    schedule = adapter.schedule_of(steps, ksampler.get("denoise", 1.0), ksampler.get("start_step", 0))
     patched, report = prepare(model, chain, node, allow_distilled, cache_on_cpu, steps, cfg, report, schedule)
     (latent,) = comfy_nodes.common_ksampler(patched, steps=steps, cfg=cfg, **ksampler)
     return io.NodeOutput(latent, report.plot(), ui=report.ui())

@@ -131,7 +131,7 @@ class Comfy:
         self._ids = itertools.count()
 
     def module(self, name: str):
-        """A module of the pack as ComfyUI imported it, e.g. ``module("comfy_adapter")``."""
+        """A module of the pack as ComfyUI imported it, e.g. ``module("adapter")``."""
         import importlib
         return importlib.import_module(f"{self.pack.__name__}.{name}")
 

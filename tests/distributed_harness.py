@@ -120,7 +120,7 @@ def _load(rank, world, port, timeout_s, out_dir):
         raise RuntimeError("ComfyUI could not load the pack")
     import importlib
     name = pack_path.replace(".", "_x_")
-    return (importlib.import_module(f"{name}.comfy_adapter"), importlib.import_module(f"{name}.interceptors"),
+    return (importlib.import_module(f"{name}.adapter"), importlib.import_module(f"{name}.interceptors"),
             nodes, tiny_models)
 
 

@@ -15,7 +15,7 @@ def load_core():
 
 
 def load(submodule: str):
-    """A module of the pack, imported as ``cached_sampler_pack.<submodule>`` (``comfy_adapter`` needs ComfyUI
+    """A module of the pack, imported as ``cached_sampler_pack.<submodule>`` (``adapter`` needs ComfyUI
     importable first)."""
     if NAME not in sys.modules:
         spec = importlib.util.spec_from_file_location(NAME, ROOT / "__init__.py", submodule_search_locations=[str(ROOT)])

@@ -13,6 +13,11 @@ WAN = ic.DiffusionFacts(("WanModel",), (("forward", "WanModel"), ("_forward", "W
                                          ("forward_orig", "WanModel")))
 
 
+# What the adapter hands build_card as its signal probes (adapter/cards.py SIGNAL_PROBES): here, a caller that can
+# read the modulated input of Flux and Wan blocks.
+SIGNALS = {"modulated_input": ("flux", "wan")}
+
+
 def block_decider():
     return ic.InterceptorChain.of([ic.FirstBlockCache(node="First Block Cache (node 4)")])
 
@@ -52,7 +57,8 @@ def test_subclass_whose_forward_differs_gets_whole_model_only_with_a_note(diffus
 
 
 def test_exact_family_entry_keeps_its_blocks_and_curves_without_facts():
-    card = ic.build_card(("Flux", "BaseModel"), "Flux", group_counts={"double_blocks": 2, "single_blocks": 2})
+    card = ic.build_card(("Flux", "BaseModel"), "Flux", group_counts={"double_blocks": 2, "single_blocks": 2},
+                         signals=SIGNALS)
     assert ic.Granularity.BLOCKS in card.levels and card.teacache == "flux" and card.magcache == "flux"
     assert card.notes == ()
     ic.InterceptorChain.of([ic.TeaCache(node="TeaCache (node 2)")]).validate_for(card)
@@ -63,7 +69,7 @@ def test_published_curves_are_not_inherited_by_a_subclass():
     flux = ic.DiffusionFacts(("Flux",), (("forward", "Flux"), ("_forward", "Flux"), ("forward_orig", "Flux")))
     # a Flux subclass the table has no row of its own for (as LongCatImage was before it got one)
     card = ic.build_card(("FluxNewVariant", "Flux", "BaseModel"), "FluxNewVariant",
-                         group_counts={"double_blocks": 2, "single_blocks": 2}, diffusion=flux)
+                         group_counts={"double_blocks": 2, "single_blocks": 2}, diffusion=flux, signals=SIGNALS)
     assert ic.Granularity.BLOCKS in card.levels  # same diffusion model: the blocks are Flux's
     assert card.teacache is None and card.magcache is None
     for method in (ic.TeaCache(node="TeaCache (node 2)"), ic.MagCache(node="MagCache (node 2)")):
@@ -79,6 +85,24 @@ def test_published_curves_are_not_inherited_by_a_subclass():
     # a Wan variant does not get the Wan 2.1 1.3B curve
     variant = ic.build_card(("WAN21_SCAIL", "WAN21"), group_counts={"blocks": 3}, diffusion=WAN)
     assert variant.teacache is None and variant.magcache is None
+
+
+def test_a_card_offers_the_signals_its_caller_can_read_for_its_family_and_teacache_needs_one():
+    """TeaCache's signal is read by the adapter's probes: a card offers it only for a family the caller names, and
+    TeaCache is refused on any other, even with an explicit model_type; whole-model and other block methods are
+    not."""
+    flux = ic.build_card(("Flux", "BaseModel"), "Flux", group_counts={"double_blocks": 2}, signals=SIGNALS)
+    assert flux.signals == {"modulated_input"}
+    assert ic.build_card(("Flux", "BaseModel"), "Flux", group_counts={"double_blocks": 2}).signals == frozenset()
+    qwen = ic.build_card(("QwenImage", "BaseModel"), "QwenImage", group_counts={"transformer_blocks": 2},
+                         signals=SIGNALS)
+    assert qwen.signals == frozenset() and ic.Granularity.BLOCKS in qwen.levels
+    for card in (qwen, ic.build_card(("Flux", "BaseModel"), "Flux", group_counts={"double_blocks": 2})):
+        with pytest.raises(ic.ChainError) as e:
+            ic.InterceptorChain.of([ic.TeaCache(node="TeaCache (node 2)", model_type="flux")]).validate_for(card)
+        assert "TeaCache (node 2)" in str(e.value) and "Adaptive Cache" in str(e.value)
+        ic.InterceptorChain.of([ic.FirstBlockCache(node="First Block Cache (node 3)")]).validate_for(card)
+    ic.InterceptorChain.of([ic.TeaCache(node="TeaCache (node 2)", model_type="flux")]).validate_for(flux)
 
 
 def test_inherited_curves_table_lets_a_listed_subclass_use_them(monkeypatch):

@@ -85,20 +85,20 @@ def actors(ray):
 
 
 def test_install_reaches_every_actor_and_replaces_the_previous_chain(comfy, ray, actors):
-    raylight_node, ic = comfy.module("nodes.raylight"), comfy.module("interceptors")
+    raylight, ic = comfy.module("adapter.raylight"), comfy.module("interceptors")
     package = comfy.pack.__name__
     workers = actors["workers"]
     assert not any(ray.get([w.pack_importable.remote(package) for w in workers]))
 
     plain = ray.get([w.sample.remote() for w in workers])
     cadence = ic.InterceptorChain.of([ic.FixedCadence(interval=2)])
-    text = raylight_node.install_on_actors(actors, cadence)
+    text = raylight.install_on_actors(actors, cadence)
     assert "Fixed Cadence" in text and "No xDiT parallelism" in text
     assert all(ray.get([w.pack_importable.remote(package) for w in workers])), "the pack was not imported there"
     first = ray.get([w.sample.remote() for w in workers])
     dbcache = ic.InterceptorChain.of([ic.DBCache(front=1, back=0, threshold=100.0, warmup=0.0,
                                                  max_consecutive_cached=1)])
-    text = raylight_node.install_on_actors(actors, dbcache)  # a second install replaces, it does not fail
+    text = raylight.install_on_actors(actors, dbcache)  # a second install replaces, it does not fail
     assert "DBCache" in text and "Fixed Cadence" not in text
     second = ray.get([w.sample.remote() for w in workers])
 
@@ -115,7 +115,7 @@ def test_install_reaches_every_actor_and_replaces_the_previous_chain(comfy, ray,
 
 def local_run(comfy, chain):
     import nodes
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     counts = {"blocks": 0}
 
     def counting(args, extra):
@@ -131,7 +131,7 @@ def local_run(comfy, chain):
 
 
 def test_uninstall_puts_back_what_was_there(comfy):
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     model = tiny_models.build("wan21")
     mine = lambda args, extra: extra["original_block"](args)  # noqa: E731
     model.set_model_patch_replace(mine, "dit", "double_block", 1)
@@ -145,7 +145,7 @@ def test_uninstall_puts_back_what_was_there(comfy):
 
 
 def test_raylights_own_teacache_on_the_same_model_is_refused(comfy):
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     model = tiny_models.build("wan21").clone()
     model.add_wrapper_with_key("outer_sample", "teacache", lambda executor, *args, **kwargs: executor(*args, **kwargs))
     with pytest.raises(ic.ChainError, match="Raylight's TeaCache"):

@@ -118,7 +118,7 @@ def test_models_loaded_by_unetloader_in_bf16_fp16_and_fp8_cache_and_skip(comfy, 
     assert blocks < plain_blocks, "block work was skipped"
     assert torch.isfinite(cached).all()
     held = sum(ui["cached_sampler"][0]["runs"][0]["cache_peak_bytes"].values())
-    assert held == memory.cache_memory(tiny_wan(DTYPE_BYTES[compute]), "dbcache", 1).total
+    assert held == memory.cache_memory(tiny_wan(DTYPE_BYTES[compute]), ic.DBCache, 1).total
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -140,7 +140,7 @@ def test_models_computing_in_bf16_and_fp16_keep_caches_in_their_dtype(comfy, dty
     shape = memory.StreamShape("tiny Flux", "flux", "joint", image_tokens=64, text_tokens=4, hidden=64,
                                latent_elements=16 * 16 * 16, branches=2, stream_bytes=2)
     held = sum(ui["cached_sampler"][0]["runs"][0]["cache_peak_bytes"].values())
-    assert held == memory.cache_memory(shape, "dbcache", 1).total
+    assert held == memory.cache_memory(shape, ic.DBCache, 1).total
 
 
 def test_a_float16_forecast_beyond_float16s_range_is_caught_and_named(comfy):

@@ -120,7 +120,7 @@ def test_the_parametrisation_covers_every_config_of_the_running_comfyui(comfy):
 
 
 def _card(comfy, config):
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     return adapter.model_card(tiny_configs.build(config))
 
 
@@ -183,9 +183,9 @@ def test_a_checkpoint_named_distilled_is_refused_naming_the_file(comfy, config):
     ic = comfy.module("interceptors")
     model = tiny_configs.build(config)
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2, node="Fixed Cadence (node 5)")])
-    chain.validate_for(comfy.module("comfy_adapter").model_card(model))  # the full release: not refused
+    chain.validate_for(comfy.module("adapter").model_card(model))  # the full release: not refused
     model.cached_patcher_init = (lambda *a, **k: None, ("diffusion_models/ltx-2-19b-distilled-fp8.safetensors", {}))
-    card = comfy.module("comfy_adapter").model_card(model)
+    card = comfy.module("adapter").model_card(model)
     with pytest.raises(ic.ChainError) as e:
         chain.validate_for(card)
     assert "ltx-2-19b-distilled-fp8.safetensors" in str(e.value) and "allow_distilled" in str(e.value)
@@ -236,5 +236,5 @@ def test_families_doc_is_what_the_generator_writes_for_this_comfyui(comfy):
     documented = [line.split(" | ")[0].strip("| ") for line in committed.splitlines()[6:] if line.startswith("| ")]
     if documented != tiny_configs.config_names():
         pytest.skip("docs/families.md is written for the newest ComfyUI, whose configs differ from this one's")
-    assert committed == families_table.render(comfy.module("comfy_adapter"), comfy.version), (
+    assert committed == families_table.render(comfy.module("adapter"), comfy.version), (
         "docs/families.md is out of date: run python3 tools/families_table.py")

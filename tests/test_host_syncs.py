@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import methods
 import tiny_models
 
 STEPS = 8
@@ -43,22 +44,14 @@ def conversions_from(directory: str):
 
 
 def chains(ic):
+    """Every method of the shared list (tests/methods.py), and the variants that transfer differently: the Guidance
+    Cache in adaptive mode, beside a step cache that measures, and MagCache's calibration."""
     window = dict(start_percent=0.0, end_percent=1.0)
     return {
-        "fixed cadence + taylorseer": [ic.FixedCadence(interval=2, **window), ic.TaylorSeer(order=1)],
-        # window 4, degree 1: the Chebyshev fit takes part from the 3rd computed step on
-        "fixed cadence + spectrum": [ic.FixedCadence(interval=2, **window), ic.Spectrum(window=4, degree=1)],
-        "adaptive": [ic.AdaptiveCache(threshold=100.0, max_consecutive_cached=2, **window)],
-        "dbcache": [ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, **window)],
-        "fbcache": [ic.FirstBlockCache(threshold=50.0, warmup=0.0, **window)],
-        "teacache": [ic.TeaCache(threshold=100.0, **window)],
-        "magcache": [ic.MagCache(threshold=100.0, retention=0.0, **window)],
-        "guidance cadence": [ic.GuidanceCache(interval=2, **window)],
+        **methods.skipping(ic),
         "guidance adaptive": [ic.GuidanceCache(interval=3, mode="adaptive", threshold=10.0, **window)],
         "guidance + adaptive": [ic.GuidanceCache(interval=2, **window), ic.AdaptiveCache(threshold=100.0, **window)],
         "magcache calibration": [ic.MagnitudeRecorder()],
-        "verified forecast": [ic.VerifiedForecast(threshold=10.0, **window), ic.TaylorSeer(order=1)],
-        "verified blocks": [ic.VerifiedBlockCache(front=1, back=1, threshold=10.0, **window), ic.TaylorSeer(order=2)],
     }
 
 
@@ -71,22 +64,20 @@ PER_EVALUATION = 1
 PER_RUN = 4
 
 
-@pytest.mark.parametrize("name", ["fixed cadence + taylorseer", "fixed cadence + spectrum", "adaptive", "dbcache",
-                                  "fbcache", "teacache", "magcache", "guidance cadence", "guidance adaptive", "guidance + adaptive",
-                                  "magcache calibration", "verified forecast", "verified blocks"])
+@pytest.mark.parametrize("name", [*methods.NAMES, "guidance adaptive", "guidance + adaptive", "magcache calibration"])
 def test_transfers_per_evaluation_do_not_grow_with_branches_forwards_or_blocks(comfy, name):
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     runs = []
     chain = ic.InterceptorChain.of(chains(ic)[name])
     pos, neg = tiny_models.conditioning("flux", seed=1)
     model = adapter.install(tiny_models.build("flux"), chain, on_run_end=lambda run, summary: runs.append(run))
-    with conversions_from(os.path.dirname(os.path.abspath(adapter.__file__))) as calls:
+    with conversions_from(os.path.dirname(os.path.dirname(os.path.abspath(adapter.__file__)))) as calls:
         nodes.common_ksampler(model, 42, STEPS, 3.0, "euler", "simple", pos, neg, tiny_models.latent("flux"))
     evaluations = len(runs[0].records)
     assert evaluations == STEPS
     if name != "magcache calibration":
-        assert any(r.skipped or r.branches.get("uncond") is False for r in runs[0].records), "nothing was skipped: the decisions were never measured"
+        assert methods.skipped_work(runs[0]), "nothing was skipped: the decisions were never measured"
     deciders = len([ic for ic in chain if ic.role == "decider"]) if name == "guidance + adaptive" else 1
     assert sum(calls.values()) <= PER_EVALUATION * deciders * evaluations + PER_RUN, calls
     # every call site converts at most once per evaluation (and once more for the run's last reads): none is per

@@ -81,7 +81,7 @@ def _chain_of(comfy, name):
 def _sample(comfy, chain, **install):
     """Sample the tiny Flux with ``chain`` installed; returns (latent, the runs)."""
     import nodes
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     runs = []
     patched = adapter.install(tiny_models.build("flux"), chain, on_run_end=lambda run, summary: runs.append(run),
                               **install)
@@ -141,7 +141,7 @@ def test_a_partial_run_is_placed_in_its_schedule_or_says_it_cannot_be(comfy):
     do), the run's steps sit at positions 4..7; not told (Apply Interceptors under another sampler), it counts
     from its own first step and notes once that MagCache does."""
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     chain = ic.InterceptorChain.of([ic.MagCache(threshold=100.0, retention=0.0, **WINDOW)])
     positive, negative = tiny_models.conditioning("flux", seed=1)
     for schedule, first in ((ic.schedule_of(4, denoise=0.5), 4), (None, 0)):
@@ -161,7 +161,7 @@ def test_a_run_that_ends_early_under_apply_interceptors_says_so(comfy):
     the schedule: not told (Apply Interceptors), its step-counted settings stretch over its own steps, and it
     must say so; told (a Cached Sampler node's schedule), it says nothing."""
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     chain = ic.InterceptorChain.of([ic.MagCache(threshold=100.0, retention=0.0, **WINDOW)])
     positive, negative = tiny_models.conditioning("flux", seed=1)
     for schedule in (ic.schedule_of(8, denoise=1.0), None):

@@ -97,7 +97,7 @@ def max_diff(a, b):
 @pytest.mark.parametrize("family", list(BLOCK_FAMILIES))
 def test_a_new_family_is_carded_with_the_blocks_it_routes_through_the_slots(comfy, family):
     needs(family)
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     card = adapter.model_card(tiny_models.build(family))
     assert ic.Granularity.BLOCKS in card.levels, card
     assert {g.name: g.count for g in card.groups} == tiny_models.block_groups(family)
@@ -163,7 +163,7 @@ def test_a_family_whose_blocks_bypass_the_slots_is_refused_block_level_with_its_
     """Causal Wan runs its blocks itself and never consults the slots: block-level nodes are refused before
     sampling, saying why, and whole-model caching runs."""
     needs(family)
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     card = adapter.model_card(tiny_models.build(family))
     assert card.levels == frozenset({ic.Granularity.MODEL}) and card.blocks_off
     prompt = prompt_for(family)

@@ -152,7 +152,7 @@ def test_other_guider_layouts_are_left_alone_with_a_note(comfy):
     import comfy.sample as sample_module
     import comfy.samplers as samplers
     import comfy_extras.nodes_custom_sampler as custom
-    ic, adapter = comfy.module("interceptors"), comfy.module("comfy_adapter")
+    ic, adapter = comfy.module("interceptors"), comfy.module("adapter")
 
     def sample(chain):
         model, summaries = tiny_models.build("flux"), []
@@ -179,7 +179,7 @@ def _sample_direct(comfy, guidance, cadence=None, steps=8):
     evaluation, whether the model computed negative rows."""
     import nodes
     ic = comfy.module("interceptors")
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     model = tiny_models.build("flux")
     seen, computed_negative = [], []
 

@@ -224,7 +224,7 @@ def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, sp
     import dataclasses
     import nodes
     ic = comfy.module("interceptors")
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
 
     @dataclasses.dataclass(frozen=True)
     class PoisonUncond(ic.ReuseLast):
@@ -293,7 +293,7 @@ def test_caches_of_windows_that_moved_away_are_dropped_during_the_run(comfy, sch
     """Moving windows cover new frames every step: what was kept for frames no window covered in the last two
     evaluations is dropped while the run goes on (bounded memory over a long video); static windows keep all."""
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     spec = graphs.context_windows(context_schedule=schedule, context_length=3, context_overlap=1)
     windows = nodes.NODE_CLASS_MAPPINGS["ContextWindowsManual"]
     inputs = dict(spec["inputs"], model=tiny_models.build("wan21"))

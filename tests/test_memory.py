@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import methods
 import tiny_models
 from pack import load_core
 
@@ -56,20 +57,25 @@ def test_the_readme_memory_table_is_current():
 # tokens, 4 text tokens, hidden 64, float32 blocks, cond and uncond.
 TINY_FLUX = memory.StreamShape("tiny Flux", "flux", "joint", image_tokens=64, text_tokens=4, hidden=64,
                                latent_elements=16 * 16 * 16, branches=2, stream_bytes=4)
-SKIPPING = {  # settings that skip on the tiny random-weight Flux, given the interceptors package ComfyUI loaded
-    "dbcache": lambda c: c.DBCache(threshold=1.0, warmup=0.0),
-    "fbcache": lambda c: c.FirstBlockCache(threshold=1.0, warmup=0.0),
-    "teacache": lambda c: c.TeaCache(threshold=1.0),
-    "magcache": lambda c: c.MagCache(threshold=5.0, max_skips=2, retention=0.0),
-    "fixed_cadence": lambda c: c.FixedCadence(interval=2),
-    "adaptive": lambda c: c.AdaptiveCache(threshold=5.0, start_percent=0.0),
-}
+# The shared list's methods (tests/methods.py) that are one decider declaring a cache footprint, with their settings
+# that skip on the tiny Flux.
+COUNTED = [name for name, chain in methods.skipping(ic).items() if len(chain) == 1 and chain[0].footprint is not None]
+
+
+# TaylorSeer of order 2 holds its 3 points only after 3 computed steps: TeaCache's shared setting skips nearly every
+# step of the tiny Flux, so it computes more here.
+SETTINGS = {"teacache": dict(threshold=1.0)}
+
+
+def skipping(core, name):
+    """Method ``name``'s decider, from the interceptors package ComfyUI loaded."""
+    return dataclasses.replace(methods.skipping(core)[name][0], **SETTINGS.get(name, {}))
 
 
 @pytest.fixture(scope="module")
 def sample_tiny_flux(comfy):
     import nodes
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     core = comfy.module("interceptors")
     model = tiny_models.build("flux")
     pos, neg = tiny_models.conditioning("flux", seed=1)
@@ -83,39 +89,42 @@ def sample_tiny_flux(comfy):
 
 
 @pytest.mark.parametrize("order", [None, 1, 2])
-@pytest.mark.parametrize("method", list(SKIPPING))
+@pytest.mark.parametrize("method", COUNTED)
 def test_a_run_holds_what_the_memory_table_predicts_and_at_most_order_plus_2_streams(comfy, sample_tiny_flux,
                                                                                     method, order):
     core = comfy.module("interceptors")
-    chain = [SKIPPING[method](core)] + ([] if order is None else [core.TaylorSeer(order=order)])
+    chain = [skipping(core, method)] + ([] if order is None else [core.TaylorSeer(order=order)])
     run = sample_tiny_flux(chain)
     assert sum(r.skipped for r in run.records) >= 2, "the run must really skip for its caches to fill"
     held = sum(run.cache_peak_bytes.values())
-    assert held == memory.cache_memory(TINY_FLUX, method, order).total
+    assert held == memory.cache_memory(TINY_FLUX, chain[0], order).total
     assert run.cache_bytes and set(run.cache_peak_bytes) == {"cpu"}
     points = 1 if order is None else order + 1
-    if method in ("fixed_cadence", "adaptive"):   # model outputs, float32, and the Adaptive Cache's 3 anchors
-        bound = (points + (3 if method == "adaptive" else 0)) * TINY_FLUX.latent_elements * 4 * TINY_FLUX.branches
+    footprint = chain[0].footprint
+    if footprint.cached == "model_outputs":   # model outputs, float32, and the Adaptive Cache's 3 anchors
+        anchors = 3 if footprint.anchor == "model_anchors" else 0
+        bound = (points + anchors) * TINY_FLUX.latent_elements * 4 * TINY_FLUX.branches
     else:   # (order + 2) block-stream tensors per branch and cached quantity
         bound = (points + 1) * TINY_FLUX.segment_streams * TINY_FLUX.branches
     assert held <= bound
 
 
-@pytest.mark.parametrize("method, window", [("fixed_cadence", 4), ("fixed_cadence", 10), ("dbcache", 3)])
+@pytest.mark.parametrize("method, window", [("fixed cadence", 4), ("fixed cadence", 10), ("dbcache", 3)])
 def test_spectrum_holds_one_point_per_computed_step_up_to_its_window(comfy, sample_tiny_flux, method, window):
     core = comfy.module("interceptors")
-    run = sample_tiny_flux([SKIPPING[method](core), core.Spectrum(window=window, degree=1)])
+    decider = skipping(core, method)
+    run = sample_tiny_flux([decider, core.Spectrum(window=window, degree=1)])
     computed = sum(not r.skipped for r in run.records)
     assert sum(r.skipped for r in run.records) >= 2 and computed > 3, "the run must really skip and compute"
     held = sum(run.cache_peak_bytes.values())
-    assert held == memory.cache_memory(TINY_FLUX, method, points=min(window, computed)).total
+    assert held == memory.cache_memory(TINY_FLUX, decider, points=min(window, computed)).total
 
 
 def test_cache_on_cpu_holds_the_same_bytes(comfy, sample_tiny_flux):
     core = comfy.module("interceptors")
     chain = [core.DBCache(threshold=1.0, warmup=0.0), core.TaylorSeer(order=1)]
     run = sample_tiny_flux(chain, cache_on_cpu=True)
-    assert sum(run.cache_peak_bytes.values()) == memory.cache_memory(TINY_FLUX, "dbcache", 1, cache_on_cpu=True).total
+    assert sum(run.cache_peak_bytes.values()) == memory.cache_memory(TINY_FLUX, chain[0], 1, cache_on_cpu=True).total
 
 
 def test_real_shapes_are_those_of_the_model_cards():
@@ -132,10 +141,10 @@ def test_real_shapes_are_those_of_the_model_cards():
 def test_a_wan_run_holds_what_the_memory_table_predicts(comfy, method):
     """Wan's layout: one image stream, text by cross-attention, TeaCache's anchor the small timestep embedding."""
     import nodes
-    adapter, core = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, core = comfy.module("adapter"), comfy.module("interceptors")
     runs = []
     # TeaCache's Wan polynomial rescales the tiny random model's changes to tens of thousands per step
-    decider = core.TeaCache(threshold=3e5) if method == "teacache" else SKIPPING[method](core)
+    decider = core.TeaCache(threshold=3e5) if method == "teacache" else skipping(core, method)
     chain = core.InterceptorChain.of([decider, core.TaylorSeer(order=1)])
     pos, neg = tiny_models.conditioning("wan21", seed=1)
     nodes.common_ksampler(adapter.install(tiny_models.build("wan21"), chain, on_run_end=lambda r, s: runs.append(r)),
@@ -144,4 +153,4 @@ def test_a_wan_run_holds_what_the_memory_table_predicts(comfy, method):
     # 2 latent frames of 16x16, patch 1x2x2 -> 128 tokens; hidden 64; float32 blocks; cond and uncond
     tiny_wan = memory.StreamShape("tiny Wan", "wan", "image", image_tokens=128, text_tokens=0, hidden=64,
                                   latent_elements=16 * 2 * 16 * 16, branches=2, stream_bytes=4)
-    assert sum(runs[0].cache_peak_bytes.values()) == memory.cache_memory(tiny_wan, method, 1).total
+    assert sum(runs[0].cache_peak_bytes.values()) == memory.cache_memory(tiny_wan, decider, 1).total

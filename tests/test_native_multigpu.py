@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import graphs
+import methods
 import tiny_models
 import tiny_nodes
 from tiny_nodes import CAPTURED
@@ -34,19 +35,9 @@ def _fixed_cadence(prompt):
     return graphs.config(prompt, "ts", "CachedSamplerTaylorSeer", upstream=chain, order=1)
 
 
-def _first_block_cache(prompt):
-    return graphs.config(prompt, "fb", "CachedSamplerFirstBlockCache", threshold=50.0, warmup=0.0,
-                         max_cached_steps=-1, max_consecutive_cached=2, **WINDOW)
-
-
-def _guidance_cache(prompt):
-    return graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", interval=2, mode="cadence", threshold=0.0,
-                         estimate="difference", **WINDOW)
-
-
-# every level the pack caches at: whole model (APPLY_MODEL), blocks (patches_replace), CFG branch (CALC_COND_BATCH)
-CHAINS = {"fixed cadence + taylorseer": _fixed_cadence, "first block cache": _first_block_cache,
-          "guidance cache": _guidance_cache}
+# Every method of the shared list (tests/methods.py), at every level the pack caches at: whole model (APPLY_MODEL),
+# blocks (patches_replace), CFG branch (CALC_COND_BATCH).
+CHAINS = {name: (lambda prompt, name=name: methods.build(prompt, name)) for name in methods.NAMES}
 
 
 class ReloadableTinyModel(tiny_nodes.TinyModel):
@@ -202,7 +193,7 @@ def test_a_forward_from_a_device_thread_switches_the_run_off_by_itself(multigpu,
     """The second line of defence: with the sampler-side detection taken out, the first forward that a device's
     thread runs (``multigpu_thread_device`` in its options) switches the run off, the threads racing to do it
     under the run's lock, before anything was cached: the same equality, and the note said once."""
-    monkeypatch.setattr(multigpu.module("comfy_adapter"), "native_multigpu", lambda model_options: False)
+    monkeypatch.setattr(multigpu.module("adapter.conflicts"), "native_multigpu", lambda model_options: False)
     assert _problems(multigpu, caplog, CHAINS[name], "sampler") == []
 
 
@@ -221,7 +212,7 @@ def test_the_check_fails_when_the_switch_off_is_removed(multigpu, caplog, monkey
     """The gate can fail: with the multi-GPU detection taken out of the adapter, the devices' threads cache into
     one shared run, and the check above finds the model computing less and the output changed (or the prompt
     failing on the threads' shared state)."""
-    adapter = multigpu.module("comfy_adapter")
+    adapter = multigpu.module("adapter.conflicts")
     monkeypatch.setattr(adapter, "native_multigpu", lambda model_options: False)
     monkeypatch.setattr(adapter, "MULTIGPU_DEVICE_KEY", "no such key")
     problems = _problems(multigpu, caplog, _fixed_cadence, "sampler")

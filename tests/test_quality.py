@@ -17,7 +17,7 @@ def digits(comfy):
     import comfy.sample as comfy_sample
     dm = comfy.module("nodes.digits_model")
     ic = comfy.module("interceptors")
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     model = dm.load_model()
     labels = list(range(10))
     positive, negative = dm.class_conditioning(labels)

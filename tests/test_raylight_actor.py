@@ -60,7 +60,7 @@ def ray_patch_with_return(patch_func):
 
 
 def test_installing_no_chain_removes_the_chain_installed_before(comfy):
-    actor_side, adapter, ic = (comfy.module(m) for m in ("raylight_actor", "comfy_adapter", "interceptors"))
+    actor_side, adapter, ic = (comfy.module(m) for m in ("adapter.raylight", "adapter", "interceptors"))
     args = (comfy.pack_path, comfy.pack.__name__)
     options = {"allow_distilled": False, "cache_on_cpu": False}
     actor = Actor()
@@ -87,8 +87,7 @@ def test_installing_no_chain_removes_the_chain_installed_before(comfy):
 def test_the_node_with_nothing_connected_removes_the_chain(comfy, monkeypatch):
     """Through the executor: a prompt installs a chain on the actors, the next one, with the node's 'interceptors'
     left unconnected (the input is optional), removes it; the node says so and the actors sample as before."""
-    raylight_node = comfy.module("nodes.raylight")
-    monkeypatch.setattr(raylight_node, "raylight_patchers", lambda: (ray_patch, ray_patch_with_return))
+    monkeypatch.setattr(comfy.module("adapter.raylight"), "raylight_patchers", lambda: (ray_patch, ray_patch_with_return))
     actors = CAPTURED["ray_actors"] = {"workers": [Actor(), Actor()]}
     plain = [actor.sample() for actor in actors["workers"]]
 
@@ -110,7 +109,7 @@ def test_the_node_with_nothing_connected_removes_the_chain(comfy, monkeypatch):
     _, ui = comfy.run(prompt(chain=False))
     text = ui["apply"]["text"][0]
     assert "(nothing)" in text and "Fixed Cadence" not in text, text
-    adapter = comfy.module("comfy_adapter")
+    adapter = comfy.module("adapter")
     for actor, (out, blocks), (after, after_blocks) in zip(actors["workers"], plain, CAPTURED["ray_samples"]):
         assert adapter.installed_chain(actor.model) is None
         assert after_blocks == blocks == FULL

@@ -251,7 +251,7 @@ def test_decisions_the_nan_tests_rely_on(comfy):
     """DBCache at threshold 1 on the tiny Flux (the prompt's model, conditioning, latent and seed): steps 1 and 5
     computed, steps 2-4 skipped (their middle blocks; the probe block still runs)."""
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     runs = []
     chain = ic.InterceptorChain.of([ic.DBCache(threshold=1.0, warmup=0.0)])
     pos, neg = tiny_models.conditioning("flux", seed=1)
@@ -301,7 +301,7 @@ def test_nan_on_a_substituted_block_step_names_the_decider_and_the_estimator(com
     """A block-level substitution that is not finite (an estimator returning NaN) names DBCache and the
     estimator in charge of that step."""
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
 
     Poisoned = poisoned_estimator(ic, "test_poisoned_blocks")
     chain = ic.InterceptorChain.of([ic.DBCache(threshold=1.0, warmup=0.0).with_node("DBCache (node db)"),
@@ -318,7 +318,7 @@ def test_nan_from_a_whole_model_substitution_is_caught(comfy):
     """At whole-model level a skipped step never calls the model: a substituted output that is not finite
     (here an estimator that returns NaN) is caught all the same, naming the decider and the estimator."""
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
 
     Poisoned = poisoned_estimator(ic, "test_poisoned")
     model = tiny_models.build("flux")
@@ -337,7 +337,7 @@ def test_nan_from_a_step_cache_skip_names_the_step_cache_with_the_guidance_cache
     """With the Guidance Cache chained, a poisoned step-cache substitute still names the step cache: the Guidance
     Cache also skipped work in that evaluation (the negative), but not the work that went wrong."""
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
 
     Poisoned = poisoned_estimator(ic, "test_poisoned_gc")
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2).with_node("Fixed Cadence (node 7)"),
@@ -354,7 +354,7 @@ def test_nan_from_a_step_cache_skip_names_the_step_cache_with_the_guidance_cache
 
 def test_inf_is_caught_like_nan(comfy):
     import nodes
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     import comfy.patcher_extension as patcher_extension
     model = tiny_models.build("flux").clone()
     calls = {"n": 0}
@@ -437,8 +437,8 @@ def test_a_refused_chain_leaves_the_input_model_untouched(comfy, sampler):
 
 
 def test_the_adapter_refuses_before_touching_the_model(comfy):
-    """comfy_adapter.install validates first: nothing is cloned, wrapped or registered on a refused model."""
-    adapter, ic = comfy.module("comfy_adapter"), comfy.module("interceptors")
+    """adapter.install validates first: nothing is cloned, wrapped or registered on a refused model."""
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     model = tiny_models.build("flux")
     before = patcher_state(model)
     for chain in ([ic.DBCache(front=2, back=2)], [ic.DBCache(front=4, back=0)]):
@@ -450,3 +450,34 @@ def test_the_adapter_refuses_before_touching_the_model(comfy):
     with pytest.raises(ValueError, match="distilled"):
         adapter.install(distilled, ic.InterceptorChain.of([ic.FixedCadence(interval=2)]))
     assert patcher_state(distilled) == before
+
+
+def test_teacache_is_offered_exactly_where_the_adapters_probe_reads_its_signal(comfy):
+    """The card offers TeaCache's signal from the adapter's one probe table: on every block-level tiny family whose
+    card offers it, a run measures the signal on every evaluation after the first (the probe works on that model
+    class); on every other block-level family TeaCache is refused when the chain is installed."""
+    import nodes
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
+    offered, refused = [], []
+    for family in tiny_models.FAMILIES:
+        if not tiny_models.available(family) or not tiny_models.block_groups(family):
+            continue
+        model = tiny_models.build(family)
+        card = adapter.model_card(model)
+        if ic.Granularity.BLOCKS not in card.levels:
+            continue
+        chain = ic.InterceptorChain.of([ic.TeaCache(threshold=100.0, model_type="ltxv", start_percent=0.0,
+                                                    end_percent=1.0)])
+        if "modulated_input" not in card.signals:
+            with pytest.raises(ic.ChainError, match="Adaptive Cache"):
+                adapter.install(model, chain, allow_distilled=True)
+            refused.append(family)
+            continue
+        runs = []
+        patched = adapter.install(model, chain, allow_distilled=True, on_run_end=lambda run, summary: runs.append(run))
+        pos, neg = tiny_models.conditioning(family, seed=1)
+        nodes.common_ksampler(patched, 1, 3, 3.0, "euler", "simple", pos, neg, tiny_models.latent(family))
+        assert all(r.metric is not None for r in runs[0].records[1:-1]), f"{family}: the signal was not measured"
+        offered.append(family)
+    assert {"flux", "chroma", "wan21", "hunyuan_video", "ltxv"} <= set(offered), offered
+    assert {"qwen_image", "sd3"} <= set(refused), refused

@@ -28,7 +28,7 @@ STEPS = 8
 # ------------------------------------------------------------------------------------------- helpers --
 
 def pack(comfy):
-    return comfy.module("comfy_adapter"), comfy.module("interceptors")
+    return comfy.module("adapter"), comfy.module("interceptors")
 
 
 def live(type_name: str) -> int:
@@ -309,11 +309,16 @@ def multi_sampler_prompt(make_chain, only=None):
     return prompt
 
 
-@pytest.mark.parametrize("chain", ["dbcache", "fixed_cadence", "adaptive", "cadence+taylorseer"])
+def shared(name):
+    """The config nodes of the shared list's method ``name`` (tests/methods.py), with settings that skip."""
+    return lambda prompt: methods.build(prompt, name)
+
+
+@pytest.mark.parametrize("chain", methods.NAMES)
 def test_one_config_node_feeding_several_samplers_equals_each_run_alone(comfy, chain):
-    together, ui, _, _ = execute(comfy, multi_sampler_prompt(CHAINS[chain]), comfy.executor(cache=False))
+    together, ui, _, _ = execute(comfy, multi_sampler_prompt(shared(chain)), comfy.executor(cache=False))
     for node_id in SAMPLERS:
-        alone, ui_alone, _, _ = execute(comfy, multi_sampler_prompt(CHAINS[chain], only=node_id),
+        alone, ui_alone, _, _ = execute(comfy, multi_sampler_prompt(shared(chain), only=node_id),
                                         comfy.executor(cache=False))
         assert torch.equal(together[node_id], alone[node_id]), (chain, node_id)
         assert summary(ui, node_id) == summary(ui_alone, node_id)
@@ -354,11 +359,11 @@ def rerun_prompt(make_chain, seed=42, steps=STEPS):
     return prompt, chain
 
 
-@pytest.mark.parametrize("chain", ["dbcache", "fixed_cadence", "adaptive", "cadence+taylorseer"])
+@pytest.mark.parametrize("chain", methods.NAMES)
 def test_same_prompt_twice_and_a_b_a_give_identical_latents_and_decisions(comfy, chain):
     ex = comfy.executor(cache=True)
-    prompt_a, config = rerun_prompt(CHAINS[chain], seed=1)
-    prompt_b, _ = rerun_prompt(CHAINS[chain], seed=2)
+    prompt_a, config = rerun_prompt(shared(chain), seed=1)
+    prompt_b, _ = rerun_prompt(shared(chain), seed=2)
     runs = []
     for prompt in (prompt_a, prompt_a, prompt_b, prompt_a):
         runs.append(execute(comfy, prompt, ex))
@@ -407,12 +412,12 @@ VARIANTS = ["base", "lora", "lora half", "lora on the probe", "another model", "
             "float64 latent", "bfloat16 model", "base"]
 
 
-@pytest.mark.parametrize("chain", ["dbcache", "adaptive", "cadence+taylorseer"])
+@pytest.mark.parametrize("chain", methods.NAMES)
 def test_changing_the_model_between_runs_never_reuses_a_stale_cache(comfy, chain):
     ex = comfy.executor(cache=True)
     seen = {}
     for i, variant in enumerate(VARIANTS):
-        prompt, config = variant_prompt(CHAINS[chain], variant)
+        prompt, config = variant_prompt(shared(chain), variant)
         got, ui, steps, cached = execute(comfy, prompt, ex)
         fresh, ui_fresh, steps_fresh, _ = execute(comfy, prompt, comfy.executor(cache=False))
         assert torch.equal(got["out"], fresh["out"]), (chain, variant)
@@ -439,6 +444,11 @@ INTERRUPTS = {
     "dbcache, in the probe on a skipped step": ("dbcache", 2, "double_block", 0),
     "fixed cadence, before a forward": ("fixed_cadence", 2, "single_block", -1),
     "taylorseer, inside the last block": ("cadence+taylorseer", 3, "single_block", 1),
+    # every method of the shared list: before a forward, and inside the first block of a computed forward after
+    # the first (at None: found from the clean run's decisions; one batched forward per evaluation here)
+    **{f"{name}, {where}": (name, at, group, block) for name in methods.NAMES
+       for where, at, group, block in (("before a forward", 2, "single_block", -1),
+                                        ("inside a computed forward's first block", None, "double_block", 0))},
 }
 
 
@@ -455,14 +465,18 @@ def interrupt_prompt(make_chain, at=-1, group="single_block", block=-1):
 def test_interrupting_mid_sampling_leaves_nothing_behind(comfy, case):
     import comfy.model_management as model_management
     chain, at, group, block = INTERRUPTS[case]
-    clean = interrupt_prompt(CHAINS[chain])
+    make_chain = CHAINS[chain] if chain in CHAINS else shared(chain)
+    clean = interrupt_prompt(make_chain)
     reference, ui_ref, steps_ref, _ = execute(comfy, clean, comfy.executor(cache=False))
     assert skipped_some(summary(ui_ref))
+    if at is None:
+        decisions = ui_ref["sampler"]["cached_sampler"][0]["runs"][0]["decisions"]
+        at = next(i for i, d in enumerate(decisions) if i > 0 and d == "c")
 
     ex = comfy.executor(cache=True)
     execute(comfy, clean, ex)  # the executor has run this prompt before: its nodes are cached
     states_before = live("LoopState")
-    _, result = comfy.run(copy.deepcopy(interrupt_prompt(CHAINS[chain], at, group, block)), executor=ex,
+    _, result = comfy.run(copy.deepcopy(interrupt_prompt(make_chain, at, group, block)), executor=ex,
                           expect_error=True)
     assert CAPTURED["interrupt_fired"], "the interrupt happened inside sampling"
     assert any(event == "execution_interrupted" for event, _ in ex.status_messages), ex.status_messages

@@ -108,3 +108,19 @@ def test_headless_or_failing_server_never_breaks_sampling(comfy, monkeypatch, in
     _, outputs = comfy.run(tiny_prompt(steps=6))
     assert outputs["sampler"]["text"][0].startswith("First Block Cache + TaylorSeer\ncomputed ")
     assert not comfy.server.progress_texts
+
+
+def test_the_metric_is_named_by_the_chains_deciders_and_a_secondary_one_only_alone(comfy):
+    """The plot's axis and the live text name the metric each decider declares; the Guidance Cache's is named only
+    where no step or block cache reports one, and two deciders measuring different things give the generic name."""
+    report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
+
+    def name(*interceptors):
+        return report.RunReport("node", ic.InterceptorChain.of(list(interceptors))).metric_name
+    guidance = ic.GuidanceCache(interval=2)
+    assert name(ic.FixedCadence(interval=2)) == "evaluations since last compute"
+    assert name(ic.FirstBlockCache(threshold=0.1)) == name(ic.DBCache(threshold=0.1)) == "residual change (relative L1)"
+    assert name(guidance) == "guidance: steps / predicted change / disagreement"
+    assert name(ic.FixedCadence(interval=2), guidance) == "evaluations since last compute"
+    assert name(ic.MagCache(threshold=0.1), ic.TaylorSeer(order=1)) == "accumulated error"
+    assert name(ic.MagnitudeRecorder()) == report.DEFAULT_METRIC

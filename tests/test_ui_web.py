@@ -59,11 +59,13 @@ def test_the_extension_translates_every_fixed_phrase_of_the_live_text(comfy, tmp
     metric name: in Chinese no English phrase is left and the numbers are the same; in English they are as sent.
     A change of wording in nodes/report.py that the extension does not know fails here."""
     from test_ui_report import tiny_prompt
-    report = comfy.module("nodes.report")
+    report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
     comfy.run(tiny_prompt(steps=12))
     texts = [t for node, t in comfy.server.progress_texts if node == "sampler"][:-1]  # the last is the summary
     assert len(texts) == 12
-    metrics = [*report.METRIC_NAMES.values(), report.DEFAULT_METRIC]
+    deciders = [c for c in vars(ic).values() if isinstance(c, type) and issubclass(c, ic.Decider)]
+    metrics = [*dict.fromkeys(c.metric_name for c in deciders if c.metric_name), report.DEFAULT_METRIC]
+    assert len(metrics) >= 7, metrics
     texts += [f"Methods\nstep 3/9: 2 computed, 1 skipped so far (33% skipped)\n{m} 0.01 < threshold 0.1: skipped"
               for m in metrics]
     out = translate(tmp_path, texts)

@@ -6,7 +6,7 @@
 
 The models are built through ComfyUI's own classes (``comfy.supported_models.Flux`` / ``WAN21_T2V`` ->
 ``comfy.model_base`` -> ``ModelPatcher``) directly on the device, with random weights, and sampled through
-``comfy.sample.sample`` with the pack's chain installed by ``comfy_adapter.install`` (what the Cached
+``comfy.sample.sample`` with the pack's chain installed by ``adapter.install`` (what the Cached
 Sampler does):
 
 * **FLUX.1-dev** dimensions: hidden 3072, 24 heads, 19 double + 38 single blocks, T5 width 4096, bf16;
@@ -84,7 +84,7 @@ def start_comfy(device: str):
     import utils.extra_config  # noqa: F401  (before the pack's nodes import ComfyUI's `utils`)
     from pack import NAME, load_core
     load_core()
-    return importlib.import_module(f"{NAME}.comfy_adapter"), importlib.import_module(f"{NAME}.interceptors")
+    return importlib.import_module(f"{NAME}.adapter"), importlib.import_module(f"{NAME}.interceptors")
 
 
 @torch.no_grad()

@@ -563,7 +563,7 @@ def _pack_commit() -> str | None:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "interceptors", "nodes", "comfy_adapter.py",
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "interceptors", "nodes", "adapter",
                                 "__init__.py"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

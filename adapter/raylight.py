@@ -1,16 +1,45 @@
-"""The part of the Raylight integration that runs inside Raylight's Ray actors (one per GPU).
+"""The Raylight integration (komikndr/raylight): what the Apply Interceptors (Raylight) node sends to Raylight's Ray
+actors (one per GPU), and the functions that run there.
 
-ComfyUI imports a custom node pack under its folder path, a module name no Ray worker can import. So the
-Raylight node ships these functions to the actors by value (``cloudpickle.register_pickle_by_value``) through
-Raylight's own ``ray_patch`` mechanism, and they bring the pack in by path, under the same name, before
-anything of the pack is unpickled. This module imports only the standard library at module level for that
-reason; it needs the pack at the same path on every machine of the Ray cluster.
+ComfyUI imports a custom node pack under its folder path, a module name no Ray worker can import. So
+:func:`install_on_actors` ships :func:`install` and :func:`summary` to the actors by value
+(``cloudpickle.register_pickle_by_value``) through Raylight's own ``ray_patch`` mechanism, and they bring the pack
+in by path, under the same name, before anything of the pack is unpickled. This module imports only the standard
+library at module level for that reason (Ray and Raylight are imported when the node runs); it needs the pack at
+the same path on every machine of the Ray cluster.
 """
 import importlib
 import importlib.util
 import os
 import pickle
 import sys
+
+
+def pack_location() -> tuple[str, str]:
+    """(the pack's folder, the package name ComfyUI imported it under): what the actors import it by."""
+    adapter = __name__.rpartition(".")[0]
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__))), adapter.rpartition(".")[0]
+
+
+def raylight_patchers():
+    """Raylight's ``ray_patch`` and ``ray_patch_with_return`` (Raylight puts its ``src`` on sys.path)."""
+    try:
+        import ray
+        from raylight.comfy_extra_dist.ray_patch_decorator import ray_patch, ray_patch_with_return
+    except ImportError as e:
+        from ..interceptors import InterceptorError
+        raise InterceptorError(f"Raylight (komikndr/raylight) and Ray must be installed in this ComfyUI: {e}") from None
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import the pack by name
+    return ray_patch, ray_patch_with_return
+
+
+def install_on_actors(ray_actors, chain, **options) -> str:
+    """Install ``chain`` on every actor's model, replacing any chain installed there before (an empty chain: remove
+    it, install nothing); rank 0's summary."""
+    ray_patch, ray_patch_with_return = raylight_patchers()
+    pack_dir, package = pack_location()
+    ray_patch(install)(None, ray_actors, pack_dir, package, pickle.dumps((chain, options)))
+    return ray_patch_with_return(summary)(None, ray_actors, pack_dir, package)
 
 
 def install(_node, model, pack_dir: str, package: str, payload: bytes):
@@ -53,7 +82,7 @@ def _pack(pack_dir: str, package: str):
         spec = importlib.util.spec_from_file_location(package, os.path.join(pack_dir, "__init__.py"),
                                                       submodule_search_locations=[pack_dir])
         sys.modules[package] = importlib.util.module_from_spec(spec)
-    return (importlib.import_module(f"{package}.comfy_adapter"),
+    return (importlib.import_module(f"{package}.adapter"),
             importlib.import_module(f"{package}.interceptors.distributed"))
 
 
