@@ -22,10 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / "example_workflows" / "tiny_digits_tuning_plot.json"
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import workflow_api  # noqa: E402
+import devkit  # noqa: F401  (puts the development folders on sys.path)
+from devkit import workflow_api
 
 
 def start_comfy():
@@ -33,7 +32,7 @@ def start_comfy():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     torch.set_num_threads(1)
-    from comfy_harness import Comfy, find_comfyui
+    from devkit.comfy_harness import Comfy, find_comfyui
     path = find_comfyui()
     if path is None:
         sys.exit("No ComfyUI found: keep a checkout at ~/ComfyUI or set COMFYUI_PATH (see README).")
