@@ -187,10 +187,16 @@ def test_guidance_estimates_from_the_positive_prediction_and_the_forecast_differ
 
 
 def test_released_run_keeps_no_branch_tensors():
+    """What the Guidance Cache learned of a branch is reachable from the run until the run is released, and no
+    tensor at all is after (test_core_engine's test_nothing_of_a_run_outlives_it does the same for step and block
+    caches)."""
     import torch
+    from reachable import tensors_in
     gc = ic.GuidanceCache(interval=2)
     run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.0])
     state = run.branch_of(gc, ic.BranchKey(1, None, 0, (1, 2), "float32"))
     gc.learned(run, state, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), torch.ones(1), 1.0)
+    held = tensors_in(run)
+    assert held and all(".branch_states" in path for path in held), held
     run.release_caches()
-    assert not run.branch_states
+    assert tensors_in(run) == []

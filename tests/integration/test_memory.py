@@ -116,7 +116,17 @@ def test_cache_on_cpu_holds_the_same_bytes(comfy, sample_tiny_flux):
 
 
 def test_real_shapes_are_those_of_the_model_cards():
+    """The README's table rests on these shapes: each one's image tokens are its 16-channel latent patchified 2x2
+    (1x2x2 for video), and the FLUX.1-dev and Wan 2.1 14B widths and Flux's text tokens are those the GPU bench
+    builds through ComfyUI's own classes (tools/bench/bench_gpu.py)."""
+    import bench_gpu
+    for shape in memory.REAL_SHAPES:
+        assert shape.latent_elements == 16 * 4 * shape.image_tokens, shape.name
     flux, wan480, wan720, hunyuan, qwen = memory.REAL_SHAPES
+    flux_gpu, _, flux_text, *_ = bench_gpu.SIZES["flux"]["full"]
+    assert (flux.hidden, flux.text_tokens) == (flux_gpu["hidden_size"], flux_text)
+    assert wan480.hidden == wan720.hidden == bench_gpu.SIZES["wan"]["full"][0]["dim"]
+    assert bench_gpu.wan_latent(81) == (16, 21, 60, 104) and wan480.latent_elements == 16 * 21 * 60 * 104
     assert (flux.image_tokens, flux.hidden) == (4096, 3072)
     assert (wan480.image_tokens, wan720.image_tokens, wan480.hidden) == (21 * 30 * 52, 21 * 45 * 80, 5120)
     assert (hunyuan.image_tokens, hunyuan.hidden) == (33 * 45 * 80, 3072)

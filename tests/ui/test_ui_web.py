@@ -19,12 +19,33 @@ def test_extension_is_valid_module_javascript(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-def test_extension_targets_both_samplers_and_never_serialises_its_widget():
-    source = SCRIPT.read_text(encoding="utf-8")
-    assert '"CachedSampler", "CachedSamplerAdvanced"' in source
-    assert "serialize: false" in source and "widget.serialize = false" in source
-    assert "onSerialize" in source, "display-only widgets are dropped from positional widgets_values"
-    assert 'from "../../scripts/app.js"' in source
+SERIALISE = """
+import "./web/cached_sampler.mjs";
+const extension = globalThis.registered;
+const out = {};
+for (const name of ["CachedSampler", "CachedSamplerAdvanced", "KSampler"]) {
+  function Node() {}
+  Node.prototype.onSerialize = function (o) { o.base = true; };  // the frontend's own, which must still run
+  await extension.beforeRegisterNodeDef(Node, { name });
+  const node = new Node();
+  node.widgets = [{ name: "seed" }, { name: "cached_sampler_summary", serialize: false },
+                  { name: "$$node-text-preview" }, { name: "steps" }, { name: "other", serialize: false }];
+  const saved = { widgets_values: [7, "shown summary", "progress", 20, "display"] };
+  node.onSerialize(saved);
+  out[name] = saved;
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def test_the_extension_keeps_display_only_widgets_out_of_saved_workflows_of_both_samplers_only(tmp_path):
+    """A workflow saves widget values by position: on both Cached Sampler nodes (and no other node) the extension's
+    onSerialize leaves out its summary, ComfyUI's progress-text preview and any widget marked not to serialise,
+    keeps every other value in order, and still calls the frontend's own onSerialize."""
+    out = run_extension(tmp_path, SERIALISE, [])
+    for name in ("CachedSampler", "CachedSamplerAdvanced"):
+        assert out[name] == {"widgets_values": [7, 20], "base": True}, name
+    assert out["KSampler"] == {"widgets_values": [7, "shown summary", "progress", 20, "display"], "base": True}
 
 
 TRANSLATE = """
@@ -35,23 +56,30 @@ console.log(JSON.stringify({ en: texts.map((t) => translateProgress(t, STRINGS.e
 """
 
 
-def translate(tmp_path, texts):
-    """The extension's translateProgress on the texts, in node, with the frontend's modules stubbed."""
+def run_extension(tmp_path, script, argument):
+    """``script`` (an ES module beside the extension) run in node with ``argument`` as JSON, the frontend's modules
+    stubbed (the extension it registers is ``globalThis.registered``); what it prints, as JSON."""
     if shutil.which("node") is None:
-        pytest.skip("no node to run the extension's translation")
+        pytest.skip("no node to run the extension")
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "app.js").write_text("export const app = { registerExtension() {} };\n")
+    (tmp_path / "scripts" / "app.js").write_text(
+        "export const app = { registerExtension(e) { globalThis.registered = e; } };\n")
     (tmp_path / "scripts" / "api.js").write_text("export const api = { addEventListener() {} };\n")
     web = tmp_path / "extensions" / "web"  # "../../scripts/app.js" from here is the stub
     web.mkdir(parents=True)
     (web / "cached_sampler.mjs").write_text(
         SCRIPT.read_text(encoding="utf-8") + "\nexport { translateProgress, STRINGS };\n")
-    (tmp_path / "extensions" / "run.mjs").write_text(TRANSLATE)
+    (tmp_path / "extensions" / "run.mjs").write_text(script)
     import json
-    result = subprocess.run(["node", str(tmp_path / "extensions" / "run.mjs"), json.dumps(texts)],
+    result = subprocess.run(["node", str(tmp_path / "extensions" / "run.mjs"), json.dumps(argument)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def translate(tmp_path, texts):
+    """The extension's translateProgress on the texts, in node, with the frontend's modules stubbed."""
+    return run_extension(tmp_path, TRANSLATE, texts)
 
 
 def test_the_extension_translates_every_fixed_phrase_of_the_live_text(comfy, tmp_path):
