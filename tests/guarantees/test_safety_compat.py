@@ -46,9 +46,9 @@ def adaptive(prompt, node_id="ad"):
 
 
 def computed_fraction(ui, node="sampler") -> tuple[int, int]:
-    import re
-    a, b = re.findall(r"computed (\d+)/(\d+)", ui[node]["text"][0])[0]
-    return int(a), int(b)
+    """(evaluations computed, evaluations seen) of the sampler's first run, as its UI output carries them."""
+    run = ui[node]["cached_sampler"][0]["runs"][0]
+    return run["computed"], run["evaluations"]
 
 
 def sampled(comfy, *, model_patch=None, chain=None, sampler="CachedSampler", conditioning=None, family="flux"):
@@ -164,8 +164,7 @@ def injecting_model(family):
 
 def counted(family, patch):
     def with_counter(prompt, model):
-        prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": [patch(prompt, model), 0],
-                                                                         "family": family, "key": "work"}}
+        graphs.count_work(prompt, family, model=patch(prompt, model))
         return "count"
     return with_counter
 
@@ -255,8 +254,7 @@ def test_block_level_caching_on_a_torch_compiled_model_is_refused_before_samplin
                              max_cached_steps=-1, max_consecutive_cached=3, start_percent=0.0, end_percent=1.0)
     prompt = graphs.base("flux")
     compile_node("inductor")(prompt, "model")
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": ["compile", 0], "family": "flux",
-                                                                     "key": "work"}}
+    graphs.count_work(prompt, "flux", model="compile")
     graphs.sampler(prompt, "CachedSampler", chain=make(prompt), model="count", steps=STEPS)
     error = run_error(comfy, prompt)
     assert error is not None and error["node_id"] == "sampler", error
@@ -268,8 +266,7 @@ def test_block_level_caching_on_a_torch_compiled_model_is_refused_before_samplin
 
 def test_compiling_after_apply_interceptors_is_refused_when_the_run_starts(comfy):
     prompt = graphs.base("flux")
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": ["model", 0], "family": "flux",
-                                                                     "key": "work"}}
+    graphs.count_work(prompt, "flux")
     prompt["applied"] = {"class_type": "CachedSamplerApplyInterceptors",
                          "inputs": {"model": ["count", 0], "interceptors": [dbcache(prompt), 0]}}
     compile_node("inductor")(prompt, "applied")
@@ -425,8 +422,7 @@ def test_core_easycache_on_the_same_model_is_refused_with_a_message(comfy, kind,
     node = "Fixed Cadence (node fc)" if chain == "fixed_cadence" else "DBCache (node db)"
 
     def patch(prompt, model):
-        prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": [model, 0], "family": "flux",
-                                                                         "key": "work"}}
+        graphs.count_work(prompt, "flux", model=model)
         return core_cache(kind)(prompt, "count")
 
     # EasyCache before the Cached Sampler: refused when the sampler validates its chain

@@ -19,8 +19,7 @@ STEPS = 8
 def base_prompt(family="flux"):
     """graphs.base plus a work counter on the model: CAPTURED["work"]["forwards"] says whether sampling ran."""
     prompt = graphs.base(family)
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": ["model", 0], "family": family,
-                                                                     "key": "work"}}
+    graphs.count_work(prompt, family)
     return prompt
 
 

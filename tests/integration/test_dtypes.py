@@ -128,8 +128,7 @@ def test_models_computing_in_bf16_and_fp16_keep_caches_in_their_dtype(comfy, dty
     in the model's dtype, half the bytes of float32."""
     prompt = graphs.base("flux")
     prompt["model"] = {"class_type": "TestTinyModelDtype", "inputs": {"family": "flux", "seed": 0, "dtype": dtype}}
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": ["model", 0], "family": "flux",
-                                                                     "key": "work"}}
+    graphs.count_work(prompt, "flux")
     plain, plain_blocks, _ = run_with(comfy, prompt)
     exact_prompt = dict(prompt)
     exact, _, _ = run_with(comfy, exact_prompt, dbcache_taylorseer(exact_prompt, 0.0), key="exact")
@@ -150,8 +149,7 @@ def test_a_float16_forecast_beyond_float16s_range_is_caught_and_named(comfy):
     prompt = graphs.base("flux")
     prompt["model"] = {"class_type": "TestTinyModelDtype", "inputs": {"family": "flux", "seed": 0,
                                                                      "dtype": "float16"}}
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": ["model", 0], "family": "flux",
-                                                                     "key": "work"}}
+    graphs.count_work(prompt, "flux")
     prompt["spike"] = {"class_type": "TestSpikeAt", "inputs": {"model": ["count", 0], "group": "single_block",
                                                               "index": 0, "at": 4, "value": 60000.0}}
     plain, _, _ = run_with(comfy, prompt, model="spike")

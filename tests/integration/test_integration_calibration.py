@@ -9,8 +9,7 @@ from tiny_nodes import CAPTURED
 
 def _digits_prompt(steps=12):
     prompt = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123456789"}}}
-    prompt["count"] = {"class_type": "TestCountModelWork",
-                       "inputs": {"model": ["digits", 0], "family": "flux", "key": "work"}}
+    graphs.count_work(prompt, "flux", model="digits")
     sampling = {"seed": 3, "steps": steps, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple",
                 "positive": ["digits", 1], "negative": ["digits", 2], "latent_image": ["digits", 3]}
     return prompt, sampling
@@ -122,8 +121,7 @@ def test_magcache_calibrate_makes_magcache_work_on_a_model_without_published_rat
     inputs = graphs.ksampler_inputs(steps=8)
     prompt["calibrate"] = {"class_type": "CachedSamplerMagCacheCalibrate", "inputs": {
         **inputs, "threshold": 100.0, "K": 2, "retention_ratio": 0.0}}
-    prompt["count"] = {"class_type": "TestCountModelWork",
-                       "inputs": {"model": ["model", 0], "family": "qwen_image", "key": "work"}}
+    graphs.count_work(prompt, "qwen_image")
     graphs.sampler(prompt, "CachedSampler", chain="calibrate", model="count", steps=8)
     _, ui = comfy.run(prompt)
     ratios = [float(v) for v in ui["calibrate"]["text"][0].split(",")]

@@ -18,8 +18,7 @@ def _decisions(ui, node="sampler"):
 
 
 def _count(prompt, node_id, key, family="flux", model="model"):
-    prompt[node_id] = {"class_type": "TestCountModelWork", "inputs": {"model": [model, 0], "family": family,
-                                                                      "key": key}}
+    graphs.count_work(prompt, family, model=model, key=key, node_id=node_id)
     return node_id
 
 

@@ -66,8 +66,7 @@ def prompt_for(family, identity_from=-1, offset=False, drop=None):
     if identity_from >= 0:
         prompt["model"] = {"class_type": "TestTinyModelIdentityBlocks",
                            "inputs": {"family": family, "seed": 0, "identity_from": identity_from}}
-    prompt["counted"] = {"class_type": "TestCountModelWork", "inputs": {"model": ["model", 0], "family": family,
-                                                                       "key": "work"}}
+    graphs.count_work(prompt, family, node_id="counted")
     if offset:  # after the counter, which it chains to
         prompt["count"] = {"class_type": "TestStreamOffset", "inputs": {"model": ["counted", 0], "group": "double_block",
                                                                        "index": 1, "seed": 17, "scale": 0.05}}

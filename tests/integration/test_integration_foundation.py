@@ -119,8 +119,7 @@ def test_bit_identical_per_family_and_cadence_halves_work(comfy, family):
         assert torch.equal(ref, ours), (family, "interval 1", cfg, batch)
     # interval 2 computes half the forwards and changes the result
     prompt = graphs.base(family)
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": ["model", 0], "family": family,
-                                                                     "key": "work"}}
+    graphs.count_work(prompt, family)
     chain = _cadence(2)(prompt)
     graphs.sampler(prompt, "KSampler", key="ref", node_id="ref", model="model", steps=8)
     graphs.sampler(prompt, "CachedSampler", key="ours", node_id="ours", chain=chain, model="count", steps=8)

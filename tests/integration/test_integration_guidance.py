@@ -44,8 +44,7 @@ def _prompt(family="flux", case=None, batch=1):
         prompt["patch"] = {"class_type": "SkipLayerGuidanceDiT" if case == "SLG" else "SkipLayerGuidanceDiTSimple",
                            "inputs": inputs}
         model = "patch"
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": [model, 0], "family": family,
-                                                                      "key": "work"}}
+    graphs.count_work(prompt, family, model=model)
     return prompt, positive
 
 
@@ -122,8 +121,7 @@ def test_context_windows(comfy):
     prompt = graphs.base("wan21", latent_seed=5)
     prompt["latent"]["inputs"]["batch"] = 4
     prompt["windows"] = graphs.context_windows(context_schedule="standard_static")
-    prompt["count"] = {"class_type": "TestCountModelWork",
-                       "inputs": {"model": ["windows", 0], "family": "wan21", "key": "work"}}
+    graphs.count_work(prompt, "wan21", model="windows")
     chain = graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", **MODERATE)
     graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=6)
     _, ui = comfy.run(prompt)
@@ -314,8 +312,7 @@ def _windowed(comfy, monkeypatch, schedule, frames=24, steps=8, kept=None):
     prompt = graphs.base("wan21", latent_seed=5)
     prompt["latent"]["inputs"]["batch"] = frames
     prompt["windows"] = graphs.context_windows(context_schedule=schedule, context_length=4, context_overlap=0)
-    prompt["count"] = {"class_type": "TestCountModelWork",
-                       "inputs": {"model": ["windows", 0], "family": "wan21", "key": "work"}}
+    graphs.count_work(prompt, "wan21", model="windows")
     chain = graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", **MODERATE)
     graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=steps)
     _, ui = comfy.run(prompt)

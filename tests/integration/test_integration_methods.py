@@ -60,8 +60,7 @@ def _run_counted(comfy, family, method=None, inputs=None, steps=6, cfg=3.0, batc
     if not tiny_models.available(family):
         pytest.skip(f"this ComfyUI has no {tiny_models._spec(family)[0]} (added after v0.8.0)")
     prompt = graphs.base(family, batch=batch, latent_seed=5)
-    prompt["count"] = {"class_type": "TestCountModelWork",
-                       "inputs": {"model": ["model", 0], "family": family, "key": "work"}}
+    graphs.count_work(prompt, family)
     chain = _chain(prompt, method, inputs) if method else None
     graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=steps, cfg=cfg, **kw)
     _, ui = comfy.run(prompt)
@@ -130,8 +129,7 @@ BATCHING = ["cfg1", "split", "multi_positive", "area", "batch3", "heun", "dpm_2"
 def _work(comfy, prompt, sampler_inputs, model, chain=None, **kw):
     """Run ``prompt`` with a Cached Sampler on ``model`` counted; returns the work that really ran."""
     prompt = dict(prompt)
-    prompt["count"] = {"class_type": "TestCountModelWork", "inputs": {"model": [model, 0], "family": kw.pop("family"),
-                                                                      "key": "work"}}
+    graphs.count_work(prompt, kw.pop("family"), model=model)
     node = graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", **kw)
     node["sampler"]["inputs"].update(sampler_inputs)
     comfy.run(prompt)

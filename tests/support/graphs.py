@@ -14,15 +14,25 @@ def loaded_wan(loader: str, **loader_inputs) -> dict:
     """A prompt whose model is tiny_models' loadable Wan, loaded from a file by ``loader`` (ComfyUI's UNETLoader,
     ComfyUI-GGUF's loader), captured and counted, with conditioning of its text width."""
     import tiny_models
-    return {
+    prompt = {
         "model": {"class_type": loader, "inputs": loader_inputs},
         "captured": {"class_type": "TestCaptureModel", "inputs": {"model": ["model", 0], "key": "loaded"}},
-        "count": {"class_type": "TestCountModelWork", "inputs": {"model": ["captured", 0], "family": "wan21",
-                                                                 "key": "work"}},
         "cond": {"class_type": "TestTinyConditioningWidth", "inputs": {"width": tiny_models.LOADABLE_WAN_CONTEXT_DIM,
                                                                        "seed": 1, "length": 4}},
         "latent": {"class_type": "TestTinyLatent", "inputs": {"family": "wan21", "batch": 1, "seed": -1}},
     }
+    count_work(prompt, "wan21", model="captured")
+    return prompt
+
+
+def count_work(prompt: dict, family: str, model: str = "model", key: str = "work", node_id: str = "count",
+               **inputs) -> str:
+    """The work-counting node (tiny_nodes' TestCountModelWork, devkit.work_nodes.count_work) between ``model`` and
+    whatever samples node ``node_id``: it counts the blocks, forwards and evaluations really run into
+    ``CAPTURED[key]``, from zero on every prompt. Returns ``node_id``."""
+    prompt[node_id] = {"class_type": "TestCountModelWork",
+                       "inputs": {"model": [model, 0], "family": family, "key": key, **inputs}}
+    return node_id
 
 
 def ksampler_inputs(steps=6, cfg=3.0, sampler="euler", scheduler="simple", denoise=1.0, seed=42, model="model"):
