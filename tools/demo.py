@@ -11,8 +11,6 @@ tuning plot.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import os
@@ -28,22 +26,9 @@ from devkit import workflow_api
 
 
 def start_comfy():
-    """A headless ComfyUI with the pack loaded by ComfyUI's own loader (the tests' harness)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-    torch.set_num_threads(1)
-    from devkit.comfy_harness import Comfy, find_comfyui
-    path = find_comfyui()
-    if path is None:
-        sys.exit("No ComfyUI found: keep a checkout at ~/ComfyUI or set COMFYUI_PATH (see README).")
-    noise = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
-            comfy = Comfy(path)
-    except Exception:
-        print(noise.getvalue(), file=sys.stderr)
-        raise
-    return comfy
+    """A headless ComfyUI with the pack loaded by ComfyUI's own loader (the tests' harness), its output kept."""
+    from devkit.comfy_harness import start
+    return start(quiet=True)
 
 
 def images(comfy, outputs: dict, node_id: str):

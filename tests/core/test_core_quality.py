@@ -1,7 +1,5 @@
 """The quality measures of the core (PSNR, SSIM), with torch only."""
 import math
-import sys
-from pathlib import Path
 
 import torch
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch

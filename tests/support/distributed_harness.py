@@ -20,7 +20,6 @@ import json
 import math
 import os
 import socket
-import sys
 import tempfile
 import time
 import traceback

@@ -8,8 +8,6 @@ fewer-steps baseline (the uncached sampler at 3 .. steps - 1) is measured and ev
 """
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 

@@ -1,8 +1,6 @@
 """tools/bench/bench_gpu.py runs end to end on a CPU at toy sizes (the GPU bench is the same code at full size)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 
 

@@ -1,6 +1,5 @@
 """Locales: every node and input of the pack has an English and a Chinese entry, and ComfyUI serves them."""
 import json
-import sys
 from pathlib import Path
 
 import pytest

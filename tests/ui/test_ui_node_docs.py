@@ -4,7 +4,6 @@ and served by ComfyUI at the address the frontend asks for."""
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest

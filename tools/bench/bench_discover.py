@@ -137,18 +137,14 @@ class _Quiet(logging.Filter):
 
 
 def start_comfy(other_packs: bool = True, device: str = "cpu"):
-    """A headless ComfyUI (tests/comfy_harness.Comfy) on ``device`` with the bench nodes and, optionally, the
+    """A headless ComfyUI (devkit.comfy_harness.start) on ``device`` with the bench nodes and, optionally, the
     caching packs installed in that ComfyUI's own custom_nodes folder."""
-    from devkit.comfy_harness import Comfy, find_comfyui
-    path = find_comfyui()
-    if path is None:
-        raise SystemExit("bench: no ComfyUI found (set COMFYUI_PATH or keep a checkout at ~/ComfyUI).")
-    torch.set_num_threads(1)
+    from devkit.comfy_harness import start
     quiet = _Quiet()
     root = logging.getLogger()
     root.addFilter(quiet)  # ComfyUI logs import failures on the root logger
     try:
-        comfy = Comfy(path, cpu=device == "cpu")
+        comfy = start(cpu=device == "cpu")
         loaded = load_other_packs(comfy) if other_packs else []
     finally:
         root.removeFilter(quiet)

@@ -35,6 +35,29 @@ def find_comfyui() -> Path | None:
     return None
 
 
+def start(cpu: bool = True, quiet: bool = False, tmp: Path | None = None) -> "Comfy":
+    """The headless ComfyUI of a tool (the demo, the bench, a generator), found as ``find_comfyui`` finds it, with
+    one torch thread; exits naming ``COMFYUI_PATH`` when there is none. ``quiet`` keeps ComfyUI's start-up
+    output to itself unless the start fails."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    torch.set_num_threads(1)
+    path = find_comfyui()
+    if path is None:
+        raise SystemExit("No ComfyUI found: keep a checkout at ~/ComfyUI or set COMFYUI_PATH (see README).")
+    if not quiet:
+        return Comfy(path, tmp, cpu=cpu)
+    import contextlib
+    import io
+    noise = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
+            return Comfy(path, tmp, cpu=cpu)
+    except BaseException:
+        print(noise.getvalue(), file=sys.stderr)
+        raise
+
+
 def find_gguf_nodes(comfy_path: Path) -> Path | None:
     """city96's ComfyUI-GGUF: ``COMFYUI_GGUF_PATH``, else a folder of the ComfyUI's custom_nodes named like it."""
     candidates = [Path(os.environ["COMFYUI_GGUF_PATH"]).expanduser()] if os.environ.get("COMFYUI_GGUF_PATH") else []

@@ -664,11 +664,8 @@ def from_screenshot(path: Path):
 
 
 def main() -> None:
-    from devkit.comfy_harness import Comfy, find_comfyui
-    path = find_comfyui()
-    if path is None:
-        sys.exit("no ComfyUI found (set COMFYUI_PATH)")
-    comfy = Comfy(path)
+    from devkit.comfy_harness import start
+    comfy = start()
     defs = workflow_api.object_info()
     OUT.mkdir(exist_ok=True)
     for name, make in WORKFLOWS.items():

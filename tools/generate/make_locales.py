@@ -91,12 +91,8 @@ def dumps(content: dict) -> str:
 
 
 def main() -> int:
-    from devkit.comfy_harness import Comfy, find_comfyui
-    path = find_comfyui()
-    if path is None:
-        print("no ComfyUI found (set COMFYUI_PATH)", file=sys.stderr)
-        return 2
-    Comfy(path)
+    from devkit.comfy_harness import start
+    start()
     files, missing = build(workflow_api.object_info())
     check = "--check" in sys.argv
     stale = []

@@ -439,12 +439,8 @@ def committed() -> dict[str, str]:
 
 
 def main() -> int:
-    from devkit.comfy_harness import Comfy, find_comfyui
-    path = find_comfyui()
-    if path is None:
-        print("no ComfyUI found (set COMFYUI_PATH)", file=sys.stderr)
-        return 2
-    Comfy(path)
+    from devkit.comfy_harness import start
+    start()
     try:
         pages = build(workflow_api.object_info())
     except MissingTranslation as e:

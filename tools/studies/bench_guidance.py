@@ -73,9 +73,8 @@ def prompt_for(args, key: str, cadence=None, guidance=None) -> dict:
 
 class Runner:
     def __init__(self, args):
-        from devkit.comfy_harness import Comfy, find_comfyui
-        torch.set_num_threads(1)
-        self.comfy = Comfy(find_comfyui())
+        from devkit.comfy_harness import start
+        self.comfy = start()
         import comfy.utils
         comfy.utils.PROGRESS_BAR_ENABLED = False
         import nodes
