@@ -113,7 +113,7 @@ def write(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    from bench import start_comfy
+    from bench_discover import start_comfy
     torch.set_num_threads(1)
     comfy = start_comfy(other_packs=False)
     text = write(measure(comfy))
