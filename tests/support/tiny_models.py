@@ -17,9 +17,10 @@ Linear/Conv weights ~ N(0, 1/sqrt(fan_in)), norm weights 1, everything else
 (biases, embeddings, learned tokens, modulation tables) ~ N(0, 0.02).  The same
 ``(family, seed)`` always gives the same weights.
 
-``comfy`` is imported inside the functions only: the test harness puts
-ComfyUI on ``sys.path`` and sets ``comfy.cli_args.args`` (``cpu``,
-``use_pytorch_cross_attention``) before anything here is called.
+``comfy`` is imported inside the functions only: ComfyUI's headless start-up
+(``devkit.comfy_harness.import_headless``) puts it on ``sys.path`` and sets
+``comfy.cli_args.args`` (``cpu``, ``use_pytorch_cross_attention``) before
+anything here is called.
 
 Public API:
 

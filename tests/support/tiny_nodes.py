@@ -1,5 +1,5 @@
 """Test-only nodes: load a tiny real-architecture model, its conditioning and latent, and capture results
-(the counting and capturing nodes are the bench's, tools/devkit/work_nodes.py).
+(the counting and capturing nodes are shared with the bench: tools/devkit/work_nodes.py).
 
 Registered into ComfyUI by the test harness (never shipped to users).
 """
