@@ -5,7 +5,7 @@ A small but *real* diffusion model built from ComfyUI's own Flux classes
 ``comfy.ldm.flux.model.Flux``), so that sampler caching can be measured on
 genuine step-to-step behaviour instead of synthetic functions.
 
-Recipe (see ``tools/train_digits_model.py``):
+Recipe (see ``tools/training/train_digits_model.py``):
 
 * rectified flow / flow matching: ``x_t = (1 - t) * x0 + t * eps`` and the
   network predicts the velocity ``eps - x0`` (Liu et al. 2022, "Flow Straight

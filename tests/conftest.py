@@ -1,16 +1,12 @@
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # nodes shared with the bench
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from comfy_harness import Comfy, comfyui_version, find_comfyui, find_gguf_nodes  # noqa: E402
+from devkit.comfy_harness import Comfy, comfyui_version, find_comfyui, find_gguf_nodes  # noqa: E402
 
 _COMFY = None
 

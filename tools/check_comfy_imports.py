@@ -20,6 +20,9 @@ import io
 import logging
 import re
 import sys
+from pathlib import Path
+
+from devkit.comfy_harness import import_headless
 
 FAILURE = re.compile(r"(?:Cannot import|Error while calling comfy_entrypoint in) (\S+?)(?: module for custom nodes)?: (.*)")
 
@@ -37,17 +40,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("comfyui", help="the ComfyUI checkout (the folder with main.py)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, args.comfyui)
     sys.argv = sys.argv[:1]  # ComfyUI parses the command line when comfy.cli_args is imported
     recorder = Recorder()
     logging.getLogger().addHandler(recorder)
     noise = io.StringIO()
     try:
         with contextlib.redirect_stdout(noise), contextlib.redirect_stderr(noise):
-            from comfy.cli_args import args as comfy_args
-            comfy_args.cpu = True
-            import comfy.model_management  # noqa: F401  (after the CPU flag)
-            import utils.extra_config  # noqa: F401  (before `nodes`, or `utils` resolves to comfy/utils.py)
+            import_headless(Path(args.comfyui))
             import execution  # noqa: F401
             import nodes
             import server

@@ -11,8 +11,6 @@ tuning plot.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import os
@@ -22,29 +20,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / "example_workflows" / "tiny_digits_tuning_plot.json"
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import workflow_api  # noqa: E402
+import devkit  # noqa: F401  (puts the development folders on sys.path)
+from devkit import workflow_api
 
 
 def start_comfy():
-    """A headless ComfyUI with the pack loaded by ComfyUI's own loader (the tests' harness)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-    torch.set_num_threads(1)
-    from comfy_harness import Comfy, find_comfyui
-    path = find_comfyui()
-    if path is None:
-        sys.exit("No ComfyUI found: keep a checkout at ~/ComfyUI or set COMFYUI_PATH (see README).")
-    noise = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
-            comfy = Comfy(path)
-    except Exception:
-        print(noise.getvalue(), file=sys.stderr)
-        raise
-    return comfy
+    """A headless ComfyUI with the pack loaded by ComfyUI's own loader (the tests' harness), its output kept."""
+    from devkit.comfy_harness import start
+    return start(quiet=True)
 
 
 def images(comfy, outputs: dict, node_id: str):

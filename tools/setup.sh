@@ -57,7 +57,7 @@ else
   echo "setup: no ComfyUI at $COMFY (set COMFYUI_PATH); integration tests will be skipped." >&2
 fi
 
-# Real-browser test (tests/test_browser.py): Debian's Chromium and playwright-core (pinned, driver only:
+# Real-browser test (tests/ui/test_browser.py): Debian's Chromium and playwright-core (pinned, driver only:
 # it never downloads a browser) in the git-ignored .browser/. Failures here only make that test skip.
 PLAYWRIGHT_CORE_VERSION=1.65.1
 BROWSER_DIR="$(cd "$(dirname "$0")/.." && pwd)/.browser"

@@ -69,7 +69,7 @@ const STRINGS = {
       "accumulated predicted change": "累计预测变化",
       "accumulated rescaled change": "累计缩放后变化",
       "accumulated error": "累计误差",
-      "guidance: steps / predicted change": "引导：步数 / 预测变化",
+      "guidance: steps / predicted change / disagreement": "引导：步数 / 预测变化 / 不一致度",
       "change metric": "变化指标",
     },
   },

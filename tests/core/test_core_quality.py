@@ -1,0 +1,35 @@
+"""The quality measures of the core (PSNR, SSIM), with torch only."""
+import math
+
+import torch
+
+from devkit.pack import load_core
+
+ic = load_core()
+import bench_metrics  # noqa: E402  (the bench's own SSIM, written separately: a second implementation)
+
+
+def test_ssim_of_flat_images_follows_the_formula_of_wang_et_al():
+    a, b = 0.2, 0.7
+    x, y = torch.full((1, 16, 16, 3), a), torch.full((1, 16, 16, 3), b)
+    c1 = 0.01 ** 2
+    assert math.isclose(ic.ssim(x, y), (2 * a * b + c1) / (a * a + b * b + c1), rel_tol=1e-6)
+    assert ic.ssim(x, x) == 1.0
+
+
+def test_ssim_agrees_with_an_independent_implementation_and_takes_video_frames():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 24, 20, 3, generator=g)
+    y = (x + 0.1 * torch.randn(x.shape, generator=g)).clamp(0, 1)
+    frames = lambda v: v.reshape(-1, 24, 20, 3)  # noqa: E731
+    assert math.isclose(ic.ssim(x, y), bench_metrics.ssim(frames(y), frames(x)), rel_tol=1e-9)
+    assert 0.0 < ic.ssim(x, y) < 1.0
+
+
+def test_image_psnr_is_against_the_unit_range_and_worst_takes_each_minimum():
+    x = torch.zeros(1, 8, 8, 3)
+    q = ic.image_quality(x, x + 0.1)
+    assert math.isclose(q.psnr, 20.0, rel_tol=1e-6) and q.space == "image"
+    worst = ic.worst_quality([ic.Quality(30.0, 0.9, "image"), ic.Quality(28.0, 0.95, "image")])
+    assert (worst.psnr, worst.ssim, worst.seeds) == (28.0, 0.9, 2)
+    assert "image PSNR 28.00 dB, SSIM 0.9000" in worst.describe() and "worst of 2 seeds" in worst.describe()

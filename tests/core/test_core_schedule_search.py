@@ -1,0 +1,144 @@
+"""The schedule search (torch only): the DP against brute force, its error table against TaylorSeer's own
+forecasts, the front-loaded seeds, and the measured search on a synthetic quality."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from devkit.pack import load_core
+
+ic = load_core()
+from cached_sampler_pack.interceptors import schedule_search as ss  # noqa: E402
+
+N = 9
+SIGMAS = [1.0, 0.93, 0.85, 0.74, 0.62, 0.5, 0.37, 0.22, 0.1]
+
+
+def _outputs(seed=0, n=N):
+    g = torch.Generator().manual_seed(seed)
+    # smooth in sigma plus noise: forecasts of every order are neither exact nor useless
+    base, slope = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    return [base + slope * SIGMAS[i] + 0.3 * torch.randn(64, generator=g) * (1 + i % 3) for i in range(n)]
+
+
+def _brute(table, b, metric):
+    return min(ss.additive_error(table, (0,) + rest, metric) for rest in itertools.combinations(range(1, N), b - 1))
+
+
+@pytest.mark.parametrize("order", ss.ORDERS)
+@pytest.mark.parametrize("metric", ["squared", "norm"])
+def test_the_dp_finds_the_optimum_of_every_budget(order, metric):
+    g = ss.gram(_outputs())
+    table = ss.error_table(g, SIGMAS, order)
+    plans = ss.dp_plans(g, SIGMAS, order, metric=metric, table=table)
+    assert sorted(plans) == list(range(1, N + 1))
+    for b, plan in plans.items():
+        assert len(plan) == b and len(set(plan)) == b and plan[0] == 0 and plan == tuple(sorted(plan)), plan
+        assert all(0 <= i < N for i in plan)
+        best = _brute(table, b, metric)
+        assert ss.additive_error(table, plan, metric) == pytest.approx(best, rel=1e-9, abs=1e-12), (b, plan)
+    assert plans[N] == tuple(range(N))
+
+
+def test_an_off_by_one_in_the_step_index_is_caught_by_the_brute_force_check():
+    """A DP fed a table whose errors sit one evaluation late (each skipped step charged its neighbour's error)
+    returns plans that the brute force beats: the check above would fail on that mistake."""
+    g = ss.gram(_outputs())
+    table = ss.error_table(g, SIGMAS, 1)
+    shifted = torch.cat([torch.zeros_like(table[..., :1]), table[..., :-1]], -1)
+    shifted = torch.where(torch.isfinite(table), shifted, table)
+    broken = ss.dp_plans(None, SIGMAS, 1, table=shifted)
+    worse = [b for b in range(2, N) if ss.additive_error(table, broken[b]) > _brute(table, b, "squared") * (1 + 1e-6)]
+    assert worse, "the shifted table gave the optimal plans anyway: the check would not tell"
+
+
+@pytest.mark.parametrize("order", ss.ORDERS)
+def test_the_error_table_is_what_taylorseer_would_forecast(order):
+    """Each entry: the squared norm of dt * (TaylorSeer's forecast - the true output), by the real estimator."""
+    outputs = _outputs(1)
+    table = ss.error_table(ss.gram(outputs), SIGMAS, order)
+    dts = ss.steps_after(SIGMAS)
+    est = ic.TaylorSeer(order=order)
+    for state in [(0,) * (order + 1), (0,) * order + (3,), tuple(range(4 - order, 5))]:
+        slot = est.Slot()
+        for i in dict.fromkeys(state):
+            est.observe(slot, outputs[i], SIGMAS[i])
+        for j in range(state[-1] + 1, N):
+            forecast = est.estimate(slot, SIGMAS[j], torch.device("cpu"))
+            want = float((dts[j] * (forecast - outputs[j])).double().pow(2).sum())
+            assert float(table[state + (j,)]) == pytest.approx(want, rel=1e-6, abs=1e-9), (state, j)
+
+
+def test_plan_error_is_the_open_loop_final_error():
+    outputs = _outputs(2)
+    g = ss.gram(outputs)
+    planned = __import__("cached_sampler_pack.interceptors.planned", fromlist=["x"])
+    for compute, order in (((0, 3, 6), 1), ((0, 2, 4, 7), 2), ((0,), 0)):
+        want = planned._final_error(SIGMAS, outputs, set(compute), order, SIGMAS[1:] + [0.0]).double().pow(2).sum()
+        assert ss.plan_error(g, SIGMAS, compute, order) == pytest.approx(float(want), rel=1e-6)
+
+
+@pytest.mark.parametrize("n,budget", [(28, 4), (28, 11), (50, 9), (50, 11), (10, 10), (5, 1), (8, 7)])
+@pytest.mark.parametrize("power", [1.0, 1.5, 2.0, 3.0])
+def test_front_loaded_schedules_are_valid(n, budget, power):
+    plan = ss.front_loaded(n, budget, power)
+    assert len(plan) == budget and len(set(plan)) == budget and plan == tuple(sorted(plan))
+    assert plan[0] == 0 and all(0 <= i < n for i in plan)
+    gaps = [b - a for a, b in zip(plan, plan[1:])]
+    if power > 1.0 and len(gaps) >= 2 and budget < n // 2:
+        assert gaps[0] <= gaps[-1], f"not front-loaded: {plan}"
+
+
+def test_front_loaded_matches_the_shape_of_l2p():
+    """L2P's interval-5 schedule of 50 steps (0, 1, 2, 4, 6, 9, 14, 23, 30, 37, 44) is dense at the start; the
+    power-2 schedule of 11 is as dense there."""
+    plan = ss.front_loaded(50, 11, 2.0)
+    assert plan[:3] == (0, 1, 2) and plan[-1] < 49
+
+
+def _synthetic_measure(outputs, order_penalty=None):
+    """A stand-in for a sampling run: PSNR from the open-loop error model of the plan (worse for order 2 than the
+    model says, as closed loops are), counting the runs."""
+    g = ss.gram(outputs)
+    runs = []
+
+    class Q:
+        def __init__(self, psnr):
+            self.psnr = psnr
+
+    def measure(compute, order):
+        runs.append((compute, order))
+        err = ss.plan_error(g, SIGMAS, compute, order) * (order_penalty or {}).get(order, 1.0)
+        return Q(math.inf if err == 0 else -10 * math.log10(err))
+
+    return measure, runs
+
+
+def test_the_search_returns_the_least_work_that_meets_the_measured_bound():
+    outputs = _outputs(3)
+    measure, runs = _synthetic_measure(outputs, {2: 50.0})
+    psnrs = {}
+    for b in range(1, N + 1):
+        for rest in itertools.combinations(range(1, N), b - 1):
+            for order in ss.ORDERS:
+                psnrs[((0,) + rest, order)] = measure((0,) + rest, order).psnr
+    runs.clear()
+    target = sorted(psnrs.values())[len(psnrs) // 2]
+    least = min(len(c) for (c, _), p in psnrs.items() if p >= target)
+    found = ss.search(SIGMAS, outputs, measure, min_psnr=target)
+    assert found.quality.psnr >= target and len(found.compute) <= least + 1, (found, least)
+    assert found.runs == len(set(runs)) and found.runs < len(psnrs) // 10, "the search measures a few plans, not all"
+
+
+def test_an_unreachable_target_computes_everything():
+    measure, _ = _synthetic_measure(_outputs(4))
+    found = ss.search(SIGMAS, _outputs(4), measure, min_psnr=1e9)
+    assert found.compute == tuple(range(N)) and found.quality.psnr == math.inf
+
+
+def test_a_budget_search_spends_exactly_the_budget():
+    measure, _ = _synthetic_measure(_outputs(5))
+    for b in (2, 4, 6):
+        found = ss.search(SIGMAS, _outputs(5), measure, budget=b)
+        assert len(found.compute) == b and found.compute[0] == 0

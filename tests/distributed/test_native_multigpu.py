@@ -1,0 +1,220 @@
+"""ComfyUI's native multi-GPU path (its MultiGPU CFG Split node, comfy/multigpu.py): the conds of one evaluation
+run on several devices at once, each from a thread of ComfyUI's MultiGPUThreadPool with a model clone of its own,
+and every thread reaches the pack's wrappers and block replacements with the same run. The pack does not cache
+there: the run is switched off with a note, and the output must be exactly the uncached multi-GPU run's.
+
+A CPU has one device, so the tests give ComfyUI a second one: ``get_all_torch_devices`` answers ``cpu`` and
+``cpu:0``, distinct devices to ComfyUI (dictionary keys, load devices), on which torch computes alike. Everything
+else is ComfyUI's own: the MultiGPU CFG Split node deep-clones the model through its loader factory, the sampler
+builds the clones and the thread pool, and ``_calc_cond_batch_multigpu`` runs each device's conds from its
+thread. What the model computed is counted at the model, per device, under a lock.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+
+import pytest
+import torch
+
+import graphs
+import methods
+import tiny_models
+import tiny_nodes
+from tiny_nodes import CAPTURED
+
+FAMILY = "flux"
+STEPS = 8
+WINDOW = dict(start_percent=0.0, end_percent=1.0)
+NOTE = "native multi-GPU"
+
+
+def _fixed_cadence(prompt):
+    chain = graphs.config(prompt, "fc", "CachedSamplerFixedCadence", interval=2, **WINDOW)
+    return graphs.config(prompt, "ts", "CachedSamplerTaylorSeer", upstream=chain, order=1)
+
+
+# Every method of the shared list (tests/support/methods.py), at every level the pack caches at: whole model (APPLY_MODEL),
+# blocks (patches_replace), CFG branch (CALC_COND_BATCH).
+CHAINS = {name: (lambda prompt, name=name: methods.build(prompt, name)) for name in methods.NAMES}
+
+
+class ReloadableTinyModel(tiny_nodes.TinyModel):
+    """The tiny model with the loader factory ComfyUI's core loaders register (``cached_patcher_init``), from
+    which its multi-GPU deep clones load a model of their own."""
+
+    def load(self, family, seed):
+        (model,) = super().load(family, seed)
+        model.cached_patcher_init = (tiny_models.build, (family, seed))
+        return (model,)
+
+
+class DeviceLog:
+    """Logs into ``CAPTURED[key]`` every diffusion-model forward (device, thread, branches) and every block that
+    ran (device, batch rows), under a lock: the devices' threads run at once. Registered before any caching, so
+    the pack's block replacements chain to its block counters and call them only for blocks that really run."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "key": ("STRING", {"default": "devices"})}}
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "patch"
+    CATEGORY = "testing"
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")
+
+    def patch(self, model, key):
+        from comfy.patcher_extension import WrappersMP
+        from devkit.work_nodes import transformer_options_of
+        log = CAPTURED[key] = {"forwards": [], "blocks": []}
+        lock = threading.Lock()
+        m = model.clone()
+
+        def forward(executor, x, *args, **kwargs):
+            options = transformer_options_of(args, kwargs)
+            with lock:
+                log["forwards"].append((str(options.get("multigpu_thread_device")),
+                                        threading.current_thread().name, tuple(options.get("cond_or_uncond") or ())))
+            return executor(x, *args, **kwargs)
+
+        def block(args, extra):
+            device = (args.get("transformer_options") or {}).get("multigpu_thread_device")
+            with lock:
+                log["blocks"].append((str(device), args["img"].shape[0]))
+            return extra["original_block"](args)
+
+        m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "device_log", forward)
+        for name, n in tiny_models.block_groups(FAMILY).items():
+            for i in range(n):
+                m.set_model_patch_replace(block, "dit", name, i)
+        return (m,)
+
+
+@pytest.fixture
+def multigpu(comfy, monkeypatch):
+    """The running ComfyUI with a second device for its native multi-GPU path (skipped where it has none)."""
+    import comfy.model_management as mm
+    import nodes
+    if "MultiGPU_WorkUnits" not in nodes.NODE_CLASS_MAPPINGS or not hasattr(mm, "get_all_torch_devices"):
+        pytest.skip("this ComfyUI has no native multi-GPU path (comfy/multigpu.py, the MultiGPU CFG Split node)")
+    devices = [torch.device("cpu"), torch.device("cpu", 0)]
+    monkeypatch.setattr(mm, "get_all_torch_devices", lambda exclude_current=False: list(devices))
+    nodes.NODE_CLASS_MAPPINGS["TestReloadableTinyModel"] = ReloadableTinyModel
+    nodes.NODE_CLASS_MAPPINGS["TestDeviceLog"] = DeviceLog
+    return comfy
+
+
+def _prompt(chain=None, order="sampler", multi=True):
+    """A prompt sampling the tiny model under MultiGPU CFG Split (``multi``), with ``chain`` on the Cached Sampler
+    (``order`` "sampler") or on Apply Interceptors before the MultiGPU node ("apply first")."""
+    prompt = graphs.base(FAMILY, latent_seed=5)
+    prompt["model"] = {"class_type": "TestReloadableTinyModel", "inputs": {"family": FAMILY, "seed": 0}}
+    prompt["log"] = {"class_type": "TestDeviceLog", "inputs": {"model": ["model", 0], "key": "devices"}}
+    model = "log"
+    node_chain = chain(prompt) if chain is not None else None
+    if node_chain is not None and order == "apply first":
+        prompt["applied"] = {"class_type": "CachedSamplerApplyInterceptors",
+                             "inputs": {"model": [model, 0], "interceptors": [node_chain, 0]}}
+        model, node_chain = "applied", None
+    if multi:
+        prompt["multi"] = {"class_type": "MultiGPU_WorkUnits", "inputs": {"model": [model, 0], "max_gpus": 2}}
+        model = "multi"
+    graphs.sampler(prompt, "CachedSampler" if node_chain else "KSampler", chain=node_chain, model=model,
+                   steps=STEPS)
+    return prompt
+
+
+def _forget_dead_models():
+    """Drop ComfyUI's loaded-model entries whose ModelPatcher is gone. MultiGPU CFG Split looks for a clone to
+    reuse among ``loaded_models()`` and reads ``.model`` of each, which is None for such an entry (the tests
+    build and drop many models): the node would fail for reasons that have nothing to do with the pack. Garbage
+    is collected first, so no patcher of an earlier prompt dies during the next one."""
+    import comfy.model_management as mm
+    gc.collect()
+    mm.current_loaded_models[:] = [m for m in mm.current_loaded_models if m.model is not None]
+
+
+def _sample(comfy, prompt, caplog):
+    _forget_dead_models()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cached_sampler"):
+        _, ui = comfy.run(prompt)
+    notes = [r.getMessage() for r in caplog.records if NOTE in r.getMessage()]
+    shown = [n for run in ui.get("sampler", {}).get("cached_sampler", [{}])[0].get("runs", []) for n in run["notes"]]
+    log = CAPTURED["devices"]
+    return CAPTURED["out"].clone(), {"forwards": sorted(log["forwards"]), "blocks": sorted(log["blocks"])}, notes, shown
+
+
+def _without_threads(work):
+    return {"forwards": sorted((d, b) for d, _, b in work["forwards"]), "blocks": work["blocks"]}
+
+
+def _problems(comfy, caplog, chain, order) -> list[str]:
+    """What is wrong with ``chain`` under native multi-GPU: anything the model computed differently from the
+    uncached multi-GPU run, a failed prompt, or a missing note. Empty when the pack behaves."""
+    reference, ref_work, _, _ = _sample(comfy, _prompt(), caplog)
+    # the path really ran: each device computed from a pool thread of its own, one branch each
+    threads = {(d, t) for d, t, _ in ref_work["forwards"]}
+    assert {d for d, _ in threads} == {"cpu", "cpu:0"} and "MainThread" not in {t for _, t in threads}, threads
+    assert len(ref_work["forwards"]) == 2 * STEPS and all(len(b) == 1 for _, _, b in ref_work["forwards"])
+    try:
+        cached, work, notes, shown = _sample(comfy, _prompt(chain, order), caplog)
+    except AssertionError as e:  # the prompt failed
+        return [f"the prompt failed: {str(e).splitlines()[0]}"]
+    problems = []
+    if not torch.equal(cached, reference):
+        problems.append(f"output differs from the uncached multi-GPU run by {(cached - reference).abs().max():.3g}")
+    if _without_threads(work) != _without_threads(ref_work):
+        problems.append(f"the model computed {len(work['forwards'])} forwards and {len(work['blocks'])} blocks, "
+                        f"the uncached run {len(ref_work['forwards'])} and {len(ref_work['blocks'])}")
+    if len(notes) != 1:
+        problems.append(f"the switch-off was logged {len(notes)} times, not once")
+    if order == "sampler" and len(shown) != 1:
+        problems.append(f"the node shows {len(shown)} multi-GPU notes, not one: {shown}")
+    return problems
+
+
+@pytest.mark.parametrize("order", ["sampler", "apply first"])
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_caching_under_native_multigpu_is_switched_off_with_a_note_and_equals_uncached(multigpu, caplog, name,
+                                                                                         order):
+    """Every caching level, on the Cached Sampler after MultiGPU CFG Split and on Apply Interceptors before it (so
+    ComfyUI's deep clones carry the pack's wrappers): the model computes every forward and block the uncached
+    multi-GPU run computes, on the same devices, the latent is bit-identical, and the run says so once."""
+    assert _problems(multigpu, caplog, CHAINS[name], order) == []
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_a_forward_from_a_device_thread_switches_the_run_off_by_itself(multigpu, caplog, monkeypatch, name):
+    """The second line of defence: with the sampler-side detection taken out, the first forward that a device's
+    thread runs (``multigpu_thread_device`` in its options) switches the run off, the threads racing to do it
+    under the run's lock, before anything was cached: the same equality, and the note said once."""
+    monkeypatch.setattr(multigpu.module("adapter.conflicts"), "native_multigpu", lambda model_options: False)
+    assert _problems(multigpu, caplog, CHAINS[name], "sampler") == []
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_the_same_chains_skip_on_one_device(multigpu, caplog, name):
+    """Without MultiGPU CFG Split the same chains do skip model work and change the output: the equality above is
+    the switch-off's doing, not chains too mild to act."""
+    reference, ref_work, _, _ = _sample(multigpu, _prompt(multi=False), caplog)
+    cached, work, notes, _ = _sample(multigpu, _prompt(CHAINS[name], multi=False), caplog)
+    assert not notes
+    assert sum(rows for _, rows in work["blocks"]) < sum(rows for _, rows in ref_work["blocks"])
+    assert not torch.equal(cached, reference)
+
+
+def test_the_check_fails_when_the_switch_off_is_removed(multigpu, caplog, monkeypatch):
+    """The gate can fail: with the multi-GPU detection taken out of the adapter, the devices' threads cache into
+    one shared run, and the check above finds the model computing less and the output changed (or the prompt
+    failing on the threads' shared state)."""
+    adapter = multigpu.module("adapter.conflicts")
+    monkeypatch.setattr(adapter, "native_multigpu", lambda model_options: False)
+    monkeypatch.setattr(adapter, "MULTIGPU_DEVICE_KEY", "no such key")
+    problems = _problems(multigpu, caplog, _fixed_cadence, "sampler")
+    assert problems, "the broken adapter passed the check"
+    assert any("output differs" in p or "prompt failed" in p for p in problems), problems

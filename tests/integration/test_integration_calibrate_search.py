@@ -1,0 +1,79 @@
+"""Auto Calibrate's search (steps and forecast) through ComfyUI's executor, on the bundled digits model."""
+import math
+
+import torch
+
+import graphs
+from tiny_nodes import CAPTURED
+
+STEPS = 12
+
+
+def _prompt(seed=3, **calibration):
+    prompt = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123456789"}}}
+    graphs.count_work(prompt, "flux", model="digits")
+    sampling = {"steps": STEPS, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple",
+                "positive": ["digits", 1], "negative": ["digits", 2], "latent_image": ["digits", 3], "denoise": 1.0}
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "seed": seed, "target": "quality", "min_psnr": 35.0, "budget": 8,
+        "order": 1, **calibration}}
+    return prompt, sampling
+
+
+def _sample(prompt, sampling, key, seed, chain=True, model="digits"):
+    prompt[key] = {"class_type": "CachedSampler", "inputs": {
+        "model": [model, 0], **sampling, "seed": seed, **({"interceptors": ["calibrate", 0]} if chain else {})}}
+    prompt[f"capture_{key}"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": [key, 0], "key": key}}
+
+
+def _image_psnr(comfy, a, b):
+    vae = comfy.module("nodes.digits_model").DigitsVAE()
+    x, y = vae.decode(a).double(), vae.decode(b).double()
+    return 10 * math.log10(1.0 / float((x - y).pow(2).mean()))
+
+
+def test_the_searched_plan_meets_its_image_target_on_a_held_out_seed_with_less_work(comfy):
+    prompt, sampling = _prompt(vae=["digits", 4], seeds=2)
+    _sample(prompt, sampling, "out", 9, model="count")
+    _sample(prompt, sampling, "ref", 9, chain=False)
+    _, ui = comfy.run(prompt)
+    text = ui["calibrate"]["text"][0]
+    computed = int(text.split("compute ")[1].split("/")[0])
+    assert CAPTURED["work"]["forwards"] == computed < STEPS, "the chain computes what the plan says, and skips"
+    assert "image PSNR" in text and "plans measured" in text
+    held_out = _image_psnr(comfy, CAPTURED["out"], CAPTURED["ref"])
+    assert 35.0 <= held_out < math.inf, f"seed 9 was never seen by the calibration: {held_out:.2f} dB ({text})"
+
+
+def test_a_target_no_skip_can_meet_computes_everything_bit_identically(comfy):
+    prompt, sampling = _prompt(min_psnr=80.0)
+    _sample(prompt, sampling, "out", 3, model="count")
+    _sample(prompt, sampling, "ref", 3, chain=False)
+    _, ui = comfy.run(prompt)
+    text = ui["calibrate"]["text"][0]
+    assert f"compute {STEPS}/{STEPS} evaluations" in text and "needs every step computed" in text
+    assert CAPTURED["work"]["forwards"] == STEPS
+    assert torch.equal(CAPTURED["out"], CAPTURED["ref"]), "computing everything must be the plain run, bit for bit"
+
+
+def test_a_searched_plan_on_another_sampler_computes_everything_and_says_so(comfy):
+    prompt, sampling = _prompt(min_psnr=30.0)
+    for sampler in ("euler", "dpmpp_2m"):
+        _sample(prompt, dict(sampling, sampler_name=sampler), "out", 3, model="count")
+        _, ui = comfy.run(prompt)
+        notes = ui["out"]["cached_sampler"][0]["runs"][0]["notes"]
+        if sampler == "euler":
+            assert CAPTURED["work"]["forwards"] < STEPS and not notes
+        else:
+            assert CAPTURED["work"]["forwards"] == STEPS
+            assert any("calibrated for another schedule or sampler" in n for n in notes), notes
+
+
+def test_the_former_greedy_search_is_still_there(comfy):
+    prompt, sampling = _prompt(search="greedy", min_psnr=30.0)
+    _sample(prompt, sampling, "out", 3)
+    _, ui = comfy.run(prompt)
+    text = ui["calibrate"]["text"][0]
+    assert "plans measured" not in text and "latent PSNR" in text
+    steps = [int(s) for s in text.split("(steps ")[1].split(")")[0].split(", ")]
+    assert steps[0] == 1 and steps[-1] == STEPS, "the former plans always compute the first and the last"

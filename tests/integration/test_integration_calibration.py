@@ -1,0 +1,131 @@
+"""The calibration nodes through ComfyUI's executor."""
+import math
+
+import torch
+
+import graphs
+from tiny_nodes import CAPTURED
+
+
+def _digits_prompt(steps=12):
+    prompt = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123456789"}}}
+    graphs.count_work(prompt, "flux", model="digits")
+    sampling = {"seed": 3, "steps": steps, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple",
+                "positive": ["digits", 1], "negative": ["digits", 2], "latent_image": ["digits", 3]}
+    return prompt, sampling
+
+
+def test_auto_calibrate_budget_plan_runs_in_the_cached_sampler(comfy):
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 5,
+        "order": 1}}
+    prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
+        "model": ["count", 0], **sampling, "denoise": 1.0, "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
+    prompt["capture_ref"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["calibrate", 1], "key": "ref"}}
+    _, ui = comfy.run(prompt)
+    assert CAPTURED["work"]["forwards"] == 5, "exactly the budget is computed"
+    assert "compute 5/12 evaluations" in ui["calibrate"]["text"][0]
+    ic = comfy.module("interceptors")
+    text = ui["calibrate"]["text"][0]
+    assert abs(ic.latent_psnr(CAPTURED["ref"], CAPTURED["out"]) - _reported(text, "latent")) < 0.01
+    assert "not image, PSNR" in text, "without a VAE the text says plainly what was measured"
+
+
+def _reported(text, space):
+    return float(text.split(f"{space} PSNR ")[1].split(" dB")[0])
+
+
+def _calibrate_and_sample(comfy, sample_seeds=(3,), **calibration):
+    """Auto Calibrate (budget 5) on the digits prompt at sample_seeds[0]; its chain and no chain sampled at
+    every one of sample_seeds, the latents captured as out<seed> and ref<seed>."""
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "seed": sample_seeds[0], "denoise": 1.0, "target": "budget",
+        "min_psnr": 35.0, "budget": 5, "order": 1, **calibration}}
+    for seed in sample_seeds:
+        for key, chain in (("out", {"interceptors": ["calibrate", 0]}), ("ref", {})):
+            prompt[f"{key}{seed}"] = {"class_type": "CachedSampler", "inputs": {
+                "model": ["digits", 0], **sampling, "seed": seed, "denoise": 1.0, **chain}}
+            prompt[f"capture_{key}{seed}"] = {"class_type": "TestCaptureLatent", "inputs": {
+                "samples": [f"{key}{seed}", 0], "key": f"{key}{seed}"}}
+    _, ui = comfy.run(prompt)
+    return ui["calibrate"]["text"][0]
+
+
+def test_with_a_vae_the_reported_psnr_is_that_of_the_decoded_images(comfy):
+    text = _calibrate_and_sample(comfy, vae=["digits", 4])
+    vae = comfy.module("nodes.digits_model").DigitsVAE()
+    decode = comfy.nodes.VAEDecode().decode
+    (out,), (ref,) = decode(vae, {"samples": CAPTURED["out3"]}), decode(vae, {"samples": CAPTURED["ref3"]})
+    image_psnr = 10 * math.log10(1.0 / float((out.double() - ref.double()).pow(2).mean()))
+    assert abs(_reported(text, "image") - image_psnr) < 0.01
+    assert "SSIM" in text and "latent PSNR" not in text
+    latent_psnr = comfy.module("interceptors").latent_psnr(CAPTURED["ref3"], CAPTURED["out3"])
+    assert abs(latent_psnr - image_psnr) > 0.5, "the two spaces really differ here, so the test tells them apart"
+
+
+def test_with_two_seeds_the_reported_psnr_is_the_worse_seed(comfy):
+    text = _calibrate_and_sample(comfy, sample_seeds=(2, 3), seeds=2, search="greedy")  # a plan whose seeds differ
+    psnr = comfy.module("interceptors").latent_psnr
+    per_seed = [psnr(CAPTURED[f"ref{seed}"], CAPTURED[f"out{seed}"]) for seed in (2, 3)]
+    assert abs(_reported(text, "latent") - min(per_seed)) < 0.01 and "worst of 2 seeds" in text
+    assert per_seed[1] < per_seed[0] - 0.5, "the second seed is the worse here: looking at the first alone fails"
+
+
+def test_plan_for_another_step_count_computes_everything(comfy):
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 4,
+        "order": 1}}
+    prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
+        "model": ["count", 0], **dict(sampling, steps=9), "denoise": 1.0, "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
+    comfy.run(prompt)
+    assert CAPTURED["work"]["forwards"] == 9, "a plan for 12 steps is never applied to 9"
+
+
+def _plan_used_elsewhere(comfy, **elsewhere):
+    """A budget-4 plan calibrated with euler at cfg 3, used by a Cached Sampler with ``elsewhere`` changed."""
+    prompt, sampling = _digits_prompt()
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 4,
+        "order": 1}}
+    prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
+        "model": ["count", 0], **dict(sampling, **elsewhere), "denoise": 1.0, "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
+    _, ui = comfy.run(prompt)
+    return CAPTURED["work"]["forwards"], ui["sampler"]["cached_sampler"][0]["runs"][0]["notes"]
+
+
+def test_plan_for_another_sampler_computes_everything_and_says_so(comfy):
+    """Every one-evaluation-per-step sampler evaluates at the same sigmas: the plan must be keyed on the
+    sampler too, or a plan measured with euler runs unmeasured with another one."""
+    assert _plan_used_elsewhere(comfy)[0] == 4, "with the sampler it was made for, the plan is followed"
+    for sampler in ("euler_ancestral", "dpmpp_2m"):
+        forwards, notes = _plan_used_elsewhere(comfy, sampler_name=sampler)
+        assert forwards == 12, (sampler, forwards)
+        assert any("calibrated for another schedule or sampler" in n for n in notes), notes
+
+
+def test_plan_at_another_cfg_says_its_quality_was_measured_elsewhere(comfy):
+    forwards, notes = _plan_used_elsewhere(comfy, cfg=7.0)
+    assert forwards == 4
+    assert any("measured at cfg 3" in n and "cfg 7" in n for n in notes), notes
+    assert not any("measured at cfg" in n for n in _plan_used_elsewhere(comfy)[1])
+
+
+def test_magcache_calibrate_makes_magcache_work_on_a_model_without_published_ratios(comfy):
+    prompt = graphs.base("qwen_image", latent_seed=5)
+    inputs = graphs.ksampler_inputs(steps=8)
+    prompt["calibrate"] = {"class_type": "CachedSamplerMagCacheCalibrate", "inputs": {
+        **inputs, "threshold": 100.0, "K": 2, "retention_ratio": 0.0}}
+    graphs.count_work(prompt, "qwen_image")
+    graphs.sampler(prompt, "CachedSampler", chain="calibrate", model="count", steps=8)
+    _, ui = comfy.run(prompt)
+    ratios = [float(v) for v in ui["calibrate"]["text"][0].split(",")]
+    assert len(ratios) == 8 and ratios[0] == 1.0 and all(r > 0 for r in ratios)
+    blocks = sum(__import__("tiny_models").block_groups("qwen_image").values())
+    assert CAPTURED["work"]["blocks"] < 8 * 2 * blocks, "the calibrated MagCache skipped blocks"
+    assert torch.isfinite(CAPTURED["out"]).all()

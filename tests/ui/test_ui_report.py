@@ -1,0 +1,101 @@
+"""What users see of a run, through ComfyUI's executor: live progress text, the summary, the tuning plot."""
+import pytest
+import torch
+from PIL import Image
+
+from graphs import tiny_prompt
+
+def plot_image(comfy, outputs):
+    info = outputs["plot"]["images"][0]
+    return Image.open(comfy.tmp / info["type"] / info["subfolder"] / info["filename"])
+
+
+@pytest.mark.parametrize("node_type", ["CachedSampler", "CachedSamplerAdvanced"])
+def test_plot_is_appended_as_last_output(comfy, node_type):
+    import nodes
+    info = nodes.NODE_CLASS_MAPPINGS[node_type].GET_NODE_INFO_V1()
+    assert info["output"] == ["LATENT", "IMAGE"] and info["output_name"] == ["LATENT", "tuning_plot"]
+
+
+def test_progress_text_per_evaluation_then_summary(comfy):
+    _, outputs = comfy.run(tiny_prompt(steps=12))
+    texts = [t for node, t in comfy.server.progress_texts if node == "sampler"]
+    assert len(texts) == 12 + 1, "one line per evaluation, then the summary"
+    assert texts[0].startswith("First Block Cache + TaylorSeer\nstep 1/12: 1 computed, 0 skipped so far")
+    assert "not checked" in texts[0], "the first step is always computed"
+    measured = [t for t in texts[:-1] if "threshold 0.25" in t]
+    assert measured, "the change metric is shown against the threshold"
+    assert any(t.endswith(": skipped") and " < threshold" in t for t in measured)
+    assert any(t.endswith(": computed") and " >= threshold" in t for t in measured)
+    last_live = texts[-2].splitlines()[1]
+    summary = outputs["sampler"]["text"][0]
+    assert texts[-1] == summary
+    data = outputs["sampler"]["cached_sampler"][0]
+    run = data["runs"][0]
+    assert last_live == f"step 12/12: {run['computed']} computed, {run['skipped']} skipped so far " \
+                        f"({run['skipped'] / 12:.0%} skipped)"
+    assert 0 < run["skipped"] < 12 and len(run["decisions"]) == 12
+    assert run["decisions"].count("s") == run["skipped"]
+    lines = summary.splitlines()
+    assert lines[0] == "First Block Cache + TaylorSeer"
+    assert lines[1] == f"computed {run['computed']}/12 steps (cond {run['computed']}/12, uncond {run['computed']}/12)"
+    assert lines[2].startswith(f"model work saved {run['work_saved']:.0%}, estimated speedup {run['speedup']:.2f}x")
+    assert lines[2].endswith(f"s, cache {run['cache_bytes']['cpu'] / 1e3:.3g} KB on cpu"), lines[2]
+    assert lines[3] == "acted: First Block Cache (node fbc)"
+    assert data["interceptors"] == ["First Block Cache (node fbc)", "TaylorSeer Forecast (node ts)"]
+    assert data["metric"] == "residual change (relative L1)"
+
+
+def test_plot_output_shows_the_run(comfy):
+    _, outputs = comfy.run(tiny_prompt(steps=12))
+    image = plot_image(comfy, outputs)
+    assert image.size == (960, 540)
+    colors = set(image.convert("RGB").getdata())
+    assert (239, 108, 0) in colors and (46, 125, 50) in colors, "skipped and computed steps are marked"
+
+
+def test_empty_chain_says_so_everywhere(comfy):
+    _, outputs = comfy.run(tiny_prompt(chain=False))
+    assert outputs["sampler"]["text"][0] == "No interceptors connected: plain KSampler."
+    assert outputs["sampler"]["cached_sampler"][0]["empty"] is True
+    assert not [t for node, t in comfy.server.progress_texts if node == "sampler"]
+    assert plot_image(comfy, outputs).size[0] < 960
+
+
+def test_advanced_reports_and_plots_too(comfy):
+    _, outputs = comfy.run(tiny_prompt(node_type="CachedSamplerAdvanced", steps=10))
+    assert outputs["sampler"]["text"][0].splitlines()[1].startswith("computed ")
+    assert plot_image(comfy, outputs).size == (960, 540)
+    assert [t for node, t in comfy.server.progress_texts if node == "sampler"]
+
+
+class BrokenServer:
+    client_id = None
+
+    def send_progress_text(self, *args, **kwargs):
+        raise RuntimeError("connection closed")
+
+
+@pytest.mark.parametrize("instance", [None, BrokenServer()], ids=["no server", "failing server"])
+def test_headless_or_failing_server_never_breaks_sampling(comfy, monkeypatch, instance):
+    import server
+    monkeypatch.setattr(server.PromptServer, "instance", instance)
+    _, outputs = comfy.run(tiny_prompt(steps=6))
+    assert outputs["sampler"]["text"][0].startswith("First Block Cache + TaylorSeer\ncomputed ")
+    assert not comfy.server.progress_texts
+
+
+def test_the_metric_is_named_by_the_chains_deciders_and_a_secondary_one_only_alone(comfy):
+    """The plot's axis and the live text name the metric each decider declares; the Guidance Cache's is named only
+    where no step or block cache reports one, and two deciders measuring different things give the generic name."""
+    report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
+
+    def name(*interceptors):
+        return report.RunReport("node", ic.InterceptorChain.of(list(interceptors))).metric_name
+    guidance = ic.GuidanceCache(interval=2)
+    assert name(ic.FixedCadence(interval=2)) == "evaluations since last compute"
+    assert name(ic.FirstBlockCache(threshold=0.1)) == name(ic.DBCache(threshold=0.1)) == "residual change (relative L1)"
+    assert name(guidance) == "guidance: steps / predicted change / disagreement"
+    assert name(ic.FixedCadence(interval=2), guidance) == "evaluations since last compute"
+    assert name(ic.MagCache(threshold=0.1), ic.TaylorSeer(order=1)) == "accumulated error"
+    assert name(ic.MagnitudeRecorder()) == report.DEFAULT_METRIC

@@ -1,0 +1,369 @@
+"""The bench's methods: which caching nodes ComfyUI has loaded right now (the pack's, ComfyUI's own
+EasyCache/LazyCache, other installed packs' such as TeaCache), each as a curve to sweep, and the bench's
+settings (``Config``)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PACK_PREFIX = "CachedSampler"
+CHAIN_TYPE = "CACHED_SAMPLER_CHAIN"
+TAYLORSEER = "CachedSamplerTaylorSeer"
+CORE_PEERS = ("EasyCache", "LazyCache")
+# Node ids of other installed packs that look like caching methods (TeaCache, MagCache, WaveSpeed's FBCache...).
+PEER_PATTERNS = ("teacache", "magcache", "fbcache", "firstblockcache", "applyfbcacheonmodel", "taylorseer",
+                 "easycache", "lazycache", "dbcache", "blockcache", "cachedit")
+
+# Sweeps per method key. The first value turns caching off (bit-identical output): it anchors each curve.
+SWEEPS: dict[str, list] = {
+    "fixed_cadence": [1, 2, 3, 4, 5, 6],
+    "fbcache": [0.0, 0.1, 0.15, 0.2, 0.3, 0.4],
+    "dbcache": [0.0, 0.1, 0.15, 0.2, 0.3, 0.4],
+    "adaptive": [0.0, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3],
+    "teacache": [0.0, 0.2, 0.3, 0.4, 0.6, 0.8],
+    "magcache": [0.0, 0.01, 0.02, 0.04, 0.06],
+    "magcache_calibrated": [0.0, 0.01, 0.02, 0.04, 0.06],
+    "autocalibrate": [30.0, 35.0, 40.0, 45.0],
+    "easycache": [0.0, 0.005, 0.01, 0.02],
+    "easycache_copy": [0.0, 0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.2],
+    "lazycache": [0.0, 0.005, 0.01, 0.02, 0.04],
+    "verifiedforecast": [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4],
+    "verifiedblockcache": [0.0, 0.01, 0.02, 0.05, 0.1, 0.2],
+}
+QUICK_SWEEPS: dict[str, list] = {
+    "fixed_cadence": [1, 2, 4],
+    "fbcache": [0.0, 0.15, 0.3],
+    "dbcache": [0.0, 0.15, 0.3],
+    "adaptive": [0.0, 0.04, 0.15],
+    "teacache": [0.0, 0.3, 0.6],
+    "magcache": [0.0, 0.02, 0.06],
+    "magcache_calibrated": [0.0, 0.02, 0.06],
+    "easycache": [0.0, 0.01, 0.04],
+    "easycache_copy": [0.0, 0.01, 0.04],
+    "lazycache": [0.0, 0.01, 0.04],
+    "autocalibrate": [35.0],
+}
+# Pack nodes with a known role; any other pack config node with a 'threshold' or 'interval' input is
+# benchmarked too (sweeping that input around its default).
+PACK_KEYS = {"CachedSamplerAutoCalibrate": "autocalibrate", "CachedSamplerFixedCadence": "fixed_cadence",
+             "CachedSamplerFirstBlockCache": "fbcache", "CachedSamplerDBCache": "dbcache",
+             "CachedSamplerAdaptiveCache": "adaptive", "CachedSamplerTeaCache": "teacache",
+             "CachedSamplerMagCache": "magcache"}
+# DBCache presets (Fn front blocks that always run, Bn back blocks that always run). Fn=1, Bn=0 is the
+# First Block Cache node.
+DBCACHE_PRESETS = {"F1B1": {"Fn": 1, "Bn": 1}, "F2B0": {"Fn": 2, "Bn": 0}}
+GENERIC_MULTIPLIERS = (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
+# Calibration nodes -> the method node whose curve they record.
+CALIBRATORS = {"CachedSamplerMagCacheCalibrate": "CachedSamplerMagCache"}
+# Nodes that plan a schedule from an uncached run of the prompt (at another seed here): swept input, fixed inputs.
+PLANNERS = {"CachedSamplerAutoCalibrate": ("min_psnr", {"target": "quality"})}
+# Inputs of calibrating nodes that the bench wires like a KSampler's.
+KSAMPLER_LINKS = ("model", "positive", "negative", "latent_image")
+
+
+@dataclasses.dataclass
+class Config:
+    steps: list = dataclasses.field(default_factory=lambda: [28, 50])
+    cfg: float = 3.0
+    sampler: str = "euler"
+    scheduler: str = "simple"
+    seed: int = 0
+    digits: str = "0123456789"
+    repeats: list = dataclasses.field(default_factory=lambda: [1])  # timing rounds per step count (last repeats)
+    taylorseer: list = dataclasses.field(default_factory=lambda: [1, 2])
+    sweeps: dict = dataclasses.field(default_factory=lambda: {k: list(v) for k, v in SWEEPS.items()})
+    dbcache_presets: list = dataclasses.field(default_factory=lambda: ["F1B1"])
+    only: list | None = None            # method keys to run (None: all discovered)
+    overhead: bool = True
+    overhead_repeats: int = 5
+    overhead_steps: int = 8
+    overhead_model: dict = dataclasses.field(default_factory=lambda: {
+        "hidden_size": 256, "num_heads": 4, "depth": 2, "depth_single_blocks": 4, "seed": 0})
+    overhead_image: int = 256            # pixels; the latent is image/8 per side (Flux patch 2 -> (image/16)^2 tokens)
+    other_packs: bool = True
+    device: str = "cpu"                  # "cuda": ComfyUI samples on the GPU; runs timed with CUDA events
+    out: str | None = str(ROOT / "bench")
+    plot: bool = True
+    quick: bool = False
+    verbose: bool = True
+    replot: str | None = None
+    extend: int = 3                      # settings a sweep may add to reach below EXTEND_BELOW_DB
+
+
+@dataclasses.dataclass
+class Method:
+    """One curve: a caching node (plus TaylorSeer) swept over one input."""
+
+    key: str
+    label: str
+    family: str
+    source: str
+    node: str | None                     # node id; None for the uncached baseline
+    param: str | None
+    values: list
+    fixed: dict = dataclasses.field(default_factory=dict)
+    taylorseer: int | None = None
+    kind: str = "chain"                  # "chain" (pack: Cached Sampler + chain), "model" (MODEL -> MODEL patch)
+                                         # or "planned" (a planning node's chain, made once per setting)
+    zero: object = None                  # the value that turns caching off, if known
+    copy_input: bool = False             # hand the diffusion model a copy of its input (see BenchCountWork)
+    param_max: float | None = None       # the swept input's maximum, as the node declares it
+    calibrate: str | None = None         # node that records this method's model curve first (MagCache Calibrate)
+
+    def describe(self, value) -> str:
+        if self.param is None:
+            return "defaults"
+        if isinstance(value, float):
+            return f"{self.param}={value:g}"
+        return f"{self.param}={value}"
+
+
+# ----------------------------------------------------------------------------- ComfyUI setup ----
+
+class _Quiet(logging.Filter):
+    """Hides ComfyUI's import-failure noise for optional core nodes (audio without torchaudio...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = 0
+
+    def filter(self, record):
+        self.hidden += 1
+        return False
+
+
+def start_comfy(other_packs: bool = True, device: str = "cpu"):
+    """A headless ComfyUI (devkit.comfy_harness.start) on ``device`` with the bench nodes and, optionally, the
+    caching packs installed in that ComfyUI's own custom_nodes folder."""
+    from devkit.comfy_harness import start
+    quiet = _Quiet()
+    root = logging.getLogger()
+    root.addFilter(quiet)  # ComfyUI logs import failures on the root logger
+    try:
+        comfy = start(cpu=device == "cpu")
+        loaded = load_other_packs(comfy) if other_packs else []
+    finally:
+        root.removeFilter(quiet)
+    comfy.bench_other_packs = loaded
+    return comfy
+
+
+def load_other_packs(comfy) -> list[str]:
+    """Load the packs in ComfyUI's own custom_nodes folder (where peers such as TeaCache would be
+    installed) through ComfyUI's loader; a copy of this pack there is skipped."""
+    import asyncio
+    import nodes
+    folder = comfy.path / "custom_nodes"
+    loaded = []
+    if not folder.is_dir():
+        return loaded
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith((".", "__")) or entry.name.endswith((".example", ".disabled")):
+            continue
+        if entry.is_dir() and (entry / "nodes" / "digits_model.py").is_file():
+            continue  # another copy of this pack
+        if entry.is_file() and entry.suffix != ".py":
+            continue
+        try:
+            if entry.resolve() == ROOT:
+                continue
+            if asyncio.run(nodes.load_custom_node(str(entry))):
+                loaded.append(entry.name)
+        except Exception:  # a broken pack must not stop the bench
+            pass
+    return loaded
+
+
+# ------------------------------------------------------------------------------- discovery ----
+
+def _inputs(cls) -> dict:
+    spec = cls.INPUT_TYPES()
+    out = {}
+    for section in ("required", "optional"):
+        for name, value in (spec.get(section) or {}).items():
+            out[name] = (section, value)
+    return out
+
+
+def _default(value):
+    kind = value[0]
+    options = value[1] if len(value) > 1 and isinstance(value[1], dict) else {}
+    if isinstance(kind, (list, tuple)):
+        return options.get("default", kind[0] if kind else None)
+    if kind == "COMBO":
+        choices = options.get("options") or []
+        return options.get("default", choices[0] if choices else None)
+    return options.get("default")
+
+
+def return_types(cls) -> tuple:
+    return tuple(getattr(cls, "RETURN_TYPES", ()) or ())
+
+
+def widget_defaults(cls, skip=(), prefer: str | None = None) -> tuple[dict, list[str]]:
+    """Default values for a node's widget inputs (for a list, the first option containing ``prefer`` if
+    any), and the names of link inputs it requires."""
+    values, links = {}, []
+    for name, (section, spec) in _inputs(cls).items():
+        if name in skip:
+            continue
+        kind = spec[0]
+        is_widget = isinstance(kind, (list, tuple)) or kind in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+        if not is_widget:
+            if section == "required":
+                links.append(name)
+            continue
+        default = _default(spec)
+        if isinstance(kind, (list, tuple)) or kind == "COMBO":
+            choices = list(kind) if isinstance(kind, (list, tuple)) else list(spec[1].get("options", []))
+            preferred = [c for c in choices if prefer and isinstance(c, str) and prefer in c.lower()]
+            if preferred:
+                default = preferred[0]
+        if default is None and section == "required":
+            links.append(name)
+            continue
+        if default is not None:
+            values[name] = default
+    return values, links
+
+
+def _sweep_for(cls, param: str, quick: bool) -> list:
+    spec = _inputs(cls)[param][1]
+    options = spec[1] if len(spec) > 1 else {}
+    if param == "interval":
+        return [1, 2, 4] if quick else [1, 2, 3, 4, 5, 6]
+    default = float(options.get("default", 0.1)) or 0.1
+    top = float(options.get("max", math.inf))
+    multipliers = (0.0, 1.0, 2.0) if quick else GENERIC_MULTIPLIERS
+    return sorted({round(min(default * m, top), 6) for m in multipliers})
+
+
+def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
+    """The methods to benchmark, from the node ids ComfyUI has loaded right now; and what was found
+    but cannot be benchmarked (with why)."""
+    mappings = nodes_module.NODE_CLASS_MAPPINGS
+    names = nodes_module.NODE_DISPLAY_NAME_MAPPINGS
+    methods: list[Method] = []
+    skipped: list[dict] = []
+    has_ts = TAYLORSEER in mappings
+
+    def sweep(key, cls, param):
+        if key in config.sweeps:
+            return list(config.sweeps[key])
+        return _sweep_for(cls, param, config.quick)
+
+    def add_with_taylorseer(m: Method):
+        methods.append(m)
+        if not has_ts:
+            return
+        for order in config.taylorseer:
+            values = [v for v in m.values if v != m.zero] or list(m.values)
+            methods.append(dataclasses.replace(m, key=f"{m.key}+ts{order}", label=f"{m.label} + TaylorSeer o{order}",
+                                               values=values, taylorseer=order))
+
+    for node_id in sorted(mappings):
+        cls = mappings[node_id]
+        if not node_id.startswith(PACK_PREFIX) or node_id == TAYLORSEER or CHAIN_TYPE not in return_types(cls):
+            continue
+        inputs = _inputs(cls)
+        param = "interval" if "interval" in inputs else "threshold" if "threshold" in inputs else None
+        if node_id in CALIBRATORS:
+            continue
+        if node_id in PLANNERS:
+            param, extra = PLANNERS[node_id]
+            key = PACK_KEYS.get(node_id, node_id[len(PACK_PREFIX):].lower())
+            fixed, links = widget_defaults(cls, skip=(param,))
+            label = names.get(node_id, node_id)
+            if [n for n in links if n not in KSAMPLER_LINKS]:
+                skipped.append({"node": node_id, "why": f"needs linked inputs {links}"})
+                continue
+            methods.append(Method(key, f"{label} ({extra.get('target', param)} target)", label, "pack", node_id,
+                                  param, sweep(key, cls, param), {**fixed, **extra}, kind="planned"))
+            continue
+        if param is None:
+            skipped.append({"node": node_id, "why": "no threshold or interval input to sweep"})
+            continue
+        key = PACK_KEYS.get(node_id, node_id[len(PACK_PREFIX):].lower())
+        label = names.get(node_id, node_id)
+        zero = 1 if param == "interval" else 0.0
+        fixed, links = widget_defaults(cls, skip=(param,))
+        if links:
+            skipped.append({"node": node_id, "why": f"needs linked inputs {links}"})
+            continue
+        if key == "dbcache":
+            for preset in config.dbcache_presets:
+                if preset not in DBCACHE_PRESETS:
+                    skipped.append({"node": node_id, "why": f"unknown DBCache preset {preset}"})
+                    continue
+                name = f"{label} {preset}"
+                add_with_taylorseer(Method(f"dbcache_{preset.lower()}", name, name, "pack", node_id, param,
+                                           sweep(key, cls, param), {**fixed, **DBCACHE_PRESETS[preset]}, zero=zero))
+            continue
+        add_with_taylorseer(Method(key, label, label, "pack", node_id, param, sweep(key, cls, param), fixed,
+                                   zero=zero))
+        calibrator = next((c for c, target in CALIBRATORS.items() if target == node_id and c in mappings), None)
+        if calibrator is not None:
+            # The same node on a curve recorded from this model by its calibration node (one uncached run
+            # at another seed than the one measured), instead of the published curve for real Flux.
+            ckey = f"{key}_calibrated"
+            add_with_taylorseer(Method(ckey, f"{label} (calibrated)", f"{label} (calibrated)", "pack", node_id,
+                                       param, sweep(ckey, cls, param), {**fixed, "model_type": "custom"}, zero=zero,
+                                       calibrate=calibrator))
+    for node_id in CALIBRATORS:
+        if node_id in mappings and CALIBRATORS[node_id] not in mappings:
+            skipped.append({"node": node_id, "why": f"{CALIBRATORS[node_id]} is missing"})
+
+    for node_id in CORE_PEERS:
+        cls = mappings.get(node_id)
+        if cls is None:
+            continue
+        key = node_id.lower()
+        fixed, _ = widget_defaults(cls, skip=("reuse_threshold",))
+        fixed["verbose"] = False
+        methods.append(Method(key, f"{names.get(node_id, node_id)} (ComfyUI core)", node_id, "ComfyUI core", node_id,
+                              "reuse_threshold", sweep(key, cls, "reuse_threshold"), fixed, kind="model", zero=0.0))
+        if node_id == "EasyCache":
+            # EasyCache adds its cached difference into the model's input in place when it skips; for a
+            # float32 flow model ComfyUI then computes the prediction from that same tensor. A copy of
+            # the input (what a cast to bf16/fp16 makes anyway) shows what the method itself does.
+            methods.append(Method("easycache_copy", "EasyCache (ComfyUI core, input copied)",
+                                  "EasyCache (input copied)", "ComfyUI core", node_id, "reuse_threshold",
+                                  sweep("easycache_copy", cls, "reuse_threshold"), fixed, kind="model", zero=0.0,
+                                  copy_input=True))
+
+    for node_id in sorted(mappings):
+        if node_id.startswith(PACK_PREFIX) or node_id in CORE_PEERS or node_id.startswith("Bench"):
+            continue
+        if not any(p in node_id.lower() for p in PEER_PATTERNS):
+            continue
+        cls = mappings[node_id]
+        inputs = _inputs(cls)
+        source = getattr(cls, "RELATIVE_PYTHON_MODULE", None) or getattr(cls, "__module__", "?")
+        if "model" not in inputs or "MODEL" not in return_types(cls)[:1]:
+            skipped.append({"node": node_id, "source": source, "why": "not a MODEL -> MODEL patch"})
+            continue
+        params = [n for n, (_, s) in inputs.items() if s[0] == "FLOAT" and "thresh" in n.lower()]
+        param = params[0] if params else None
+        fixed, links = widget_defaults(cls, skip=(param, "model"), prefer="flux")  # the bench's models are Flux
+        links = [n for n in links if n != "model"]
+        if links:
+            skipped.append({"node": node_id, "source": source, "why": f"needs linked inputs {links}"})
+            continue
+        values = sweep(node_id.lower(), cls, param) if param else [None]
+        methods.append(Method(f"peer:{node_id}", f"{names.get(node_id, node_id)} ({source})", node_id, source,
+                              node_id, param, values, fixed, kind="model", zero=0.0 if param else None))
+
+    for m in methods:
+        spec = _inputs(mappings[m.node]).get(m.param) if m.param else None
+        if spec is not None and len(spec[1]) > 1 and isinstance(spec[1][1], dict):
+            m.param_max = spec[1][1].get("max")
+    if config.only:
+        wanted = set(config.only)
+        methods = [m for m in methods if m.key in wanted or m.key.split("+")[0] in wanted]
+    return methods, skipped

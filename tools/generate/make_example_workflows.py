@@ -1,0 +1,689 @@
+"""Write example_workflows/*.json (UI format, as the frontend saves them) and their .jpg thumbnails.
+
+The graphs are declared below by node type, widget values by input name and links by input name; the
+widget order, sockets and output types come from the node definitions of the ComfyUI this runs in, so
+the files always match the nodes. The files are one set for every supported ComfyUI: the graphs use only
+nodes whose sockets and widgets did not change from v0.8.0 on (Wan's video is saved by SaveAnimatedWEBP:
+CreateVideo gained a widget and SaveVideo became dynamic combos), and an output node lists its outputs only
+as far as the graph links them, so this writes the same files on each version (the tests check it there).
+Run from the pack's folder after changing nodes or graphs:
+
+    python3 tools/generate/make_example_workflows.py
+
+The tiny-model workflow's thumbnail shows its real output (digits and tuning plot, sampled here); the
+others show the graph itself, since they need model files to run: with ``--thumbnails-from-browser`` as
+the browser test screenshotted it in ComfyUI (run ``python3 -m pytest tests/ui/test_browser.py`` first), else a
+drawing of the graph (only where no thumbnail exists yet). Since the examples name their model files
+(properties.models), both frontends cover a screenshot with their missing-models dialog or card: the examples
+added since have drawings.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "example_workflows"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
+import devkit  # noqa: E402,F401
+
+from devkit import workflow_api  # noqa: E402
+
+SLOT_H, WIDGET_H, TITLE_H = 20, 24, 30
+MODEL_EXTENSIONS = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".sft", ".gguf")
+
+HF = "https://huggingface.co"
+# Every model file an example loads, with the folder of ComfyUI/models/ it belongs in and where to download it:
+# the official release, at the address ComfyUI's own workflow templates use for the same file. Written into the
+# loader node's properties.models, which both frontends' missing-models panel reads (name, url, directory).
+MODEL_FILES = {
+    "flux1-dev.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/flux1-dev/resolve/main/flux1-dev.safetensors"),
+    "clip_l.safetensors": ("text_encoders", f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/clip_l.safetensors"),
+    "t5xxl_fp16.safetensors": ("text_encoders", f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/t5xxl_fp16.safetensors"),
+    "ae.safetensors": ("vae", f"{HF}/Comfy-Org/z_image_turbo/resolve/main/split_files/vae/ae.safetensors"),
+    "sd_xl_base_1.0.safetensors": ("checkpoints", f"{HF}/stabilityai/stable-diffusion-xl-base-1.0/resolve/main/sd_xl_base_1.0.safetensors"),
+    "wan2.1_t2v_1.3B_fp16.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors"),
+    "umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("text_encoders", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
+    "wan_2.1_vae.safetensors": ("vae", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/vae/wan_2.1_vae.safetensors"),
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"),
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
+    "qwen_image_fp8_e4m3fn.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/diffusion_models/qwen_image_fp8_e4m3fn.safetensors"),
+    "qwen_2.5_vl_7b_fp8_scaled.safetensors": ("text_encoders", f"{HF}/Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors"),
+    "qwen_image_vae.safetensors": ("vae", f"{HF}/Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/vae/qwen_image_vae.safetensors"),
+    "hunyuanvideo1.5_720p_t2v_fp16.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/diffusion_models/hunyuanvideo1.5_720p_t2v_fp16.safetensors"),
+    "byt5_small_glyphxl_fp16.safetensors": ("text_encoders", f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/text_encoders/byt5_small_glyphxl_fp16.safetensors"),
+    "hunyuanvideo15_vae_fp16.safetensors": ("vae", f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/vae/hunyuanvideo15_vae_fp16.safetensors"),
+    "z_image_bf16.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/z_image/resolve/main/split_files/diffusion_models/z_image_bf16.safetensors"),
+    "qwen_3_4b.safetensors": ("text_encoders", f"{HF}/Comfy-Org/z_image_turbo/resolve/main/split_files/text_encoders/qwen_3_4b.safetensors"),
+    "ltx-2-19b-dev-fp8.safetensors": ("checkpoints", f"{HF}/Lightricks/LTX-2/resolve/main/ltx-2-19b-dev-fp8.safetensors"),
+    "gemma_3_12B_it_fp4_mixed.safetensors": ("text_encoders", f"{HF}/Comfy-Org/ltx-2/resolve/main/split_files/text_encoders/gemma_3_12B_it_fp4_mixed.safetensors"),
+}
+
+
+def note(text: str) -> dict:
+    return {"type": "MarkdownNote", "widgets": [text], "size": [380, 220]}
+
+
+def models_note(lines: list[str]) -> dict:
+    return note("**Model files** (put them in these `ComfyUI/models/` folders, then pick them in the loaders):\n\n"
+                + "\n".join(f"- {line}" for line in lines))
+
+
+class Graph:
+    """A workflow under construction: nodes with widget values by name, links by input name."""
+
+    def __init__(self, defs: dict):
+        self.defs = defs
+        self.nodes: list[dict] = []
+        self.links: list[list] = []
+
+    def add(self, kind: str, pos, widgets: dict | None = None, title: str | None = None, size=None,
+            color: str | None = None) -> int:
+        node_id = len(self.nodes) + 1
+        self.nodes.append({"id": node_id, "type": kind, "pos": list(pos), "values": dict(widgets or {}),
+                           "title": title, "size": size, "color": color, "links_in": {}})
+        return node_id
+
+    def note(self, pos, text: str, size=(380, 220)) -> int:
+        node_id = len(self.nodes) + 1
+        self.nodes.append({"id": node_id, "type": "MarkdownNote", "pos": list(pos), "note": text,
+                           "size": list(size), "title": None, "color": None, "links_in": {}})
+        return node_id
+
+    def link(self, src: int, slot: int, dst: int, name: str) -> None:
+        self.nodes[dst - 1]["links_in"][name] = (src, slot)
+
+    def build(self) -> dict:
+        nodes_out, links = [], []
+        outputs_links: dict[tuple[int, int], list[int]] = {}
+        link_id = 0
+        built = {}
+        used: dict[int, list[int]] = {}  # node id -> the output slots the example links
+        for n in self.nodes:
+            for src, slot in n["links_in"].values():
+                used.setdefault(src, []).append(slot)
+        for n in self.nodes:
+            if n["type"] == "MarkdownNote":
+                built[n["id"]] = {"id": n["id"], "type": "MarkdownNote", "pos": n["pos"], "size": n["size"],
+                                  "flags": {}, "order": 0, "mode": 0, "inputs": [], "outputs": [],
+                                  "properties": {}, "widgets_values": [n["note"]], "color": "#432", "bgcolor": "#653"}
+                continue
+            d = self.defs[n["type"]]
+            sockets, widgets = [], []
+            for name, kind, options in workflow_api.ordered_inputs(d):
+                if workflow_api.is_widget(kind, options):
+                    if name in n["links_in"]:
+                        sockets.append({"name": name, "type": kind if isinstance(kind, str) else "COMBO",
+                                        "widget": {"name": name}, "link": None})
+                    choices = kind if isinstance(kind, list) else options.get("options") or []
+                    default = options.get("default", choices[0] if choices else None)
+                    if name not in n["values"] and default is None:
+                        raise ValueError(f"{n['type']}: give a value for {name!r}")
+                    widgets.append(n["values"].pop(name, default))  # model file names may be absent here
+                    if workflow_api.has_control_widget(name, kind, options):
+                        widgets.append("fixed")
+                else:
+                    sockets.append({"name": name, "type": kind, "link": None})
+            if n["values"]:
+                raise ValueError(f"{n['type']}: unknown widgets {sorted(n['values'])}")
+            outputs = [{"name": name, "type": kind, "links": []}
+                       for name, kind in zip(d.get("output_name", d["output"]), d["output"])]
+            if d.get("output_node"):
+                # Newer ComfyUIs give Save/Preview nodes a pass-through output that older ones lack: an output
+                # node lists its outputs only as far as the example links them, so the file opens on both.
+                outputs = outputs[:max(used.get(n["id"], [-1])) + 1]
+            width = n["size"][0] if n["size"] else 320
+            rows = max(len(sockets), len(outputs))
+            height = n["size"][1] if n["size"] else rows * SLOT_H + len(widgets) * WIDGET_H + 16
+            properties = {"Node name for S&R": n["type"]}
+            files = [v for v in widgets if isinstance(v, str) and v.endswith(MODEL_EXTENSIONS)]
+            unknown = [f for f in files if f not in MODEL_FILES]
+            if unknown:
+                raise ValueError(f"{n['type']}: add {unknown} to MODEL_FILES (folder and download address)")
+            if files:
+                properties["models"] = [{"name": f, "url": MODEL_FILES[f][1], "directory": MODEL_FILES[f][0]}
+                                        for f in files]
+            node = {"id": n["id"], "type": n["type"], "pos": n["pos"], "size": [width, height], "flags": {},
+                    "order": 0, "mode": 0, "inputs": sockets, "outputs": outputs,
+                    "properties": properties, "widgets_values": widgets}
+            if n["title"]:
+                node["title"] = n["title"]
+            if n["color"]:
+                node["color"], node["bgcolor"] = n["color"]
+            built[n["id"]] = node
+        for n in self.nodes:
+            for name, (src, slot) in n["links_in"].items():
+                link_id += 1
+                target = built[n["id"]]
+                index = next(i for i, s in enumerate(target["inputs"]) if s["name"] == name)
+                kind = built[src]["outputs"][slot]["type"]
+                target["inputs"][index]["link"] = link_id
+                built[src]["outputs"][slot]["links"].append(link_id)
+                outputs_links.setdefault((src, slot), []).append(link_id)
+                links.append([link_id, src, slot, n["id"], index, kind])
+        for node in built.values():
+            for i, o in enumerate(node["outputs"]):
+                o["slot_index"] = i
+        order = _execution_order(built, links)
+        for i, node_id in enumerate(order):
+            built[node_id]["order"] = i
+        nodes_out = [built[n["id"]] for n in self.nodes]
+        return {"last_node_id": len(self.nodes), "last_link_id": link_id, "nodes": nodes_out, "links": links,
+                "groups": [], "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [40, 40]}}, "version": 0.4}
+
+
+def _execution_order(nodes: dict, links: list) -> list[int]:
+    deps = {i: {l[1] for l in links if l[3] == i} for i in nodes}
+    order, done = [], set()
+    while len(order) < len(nodes):
+        for i in sorted(nodes):
+            if i not in done and deps[i] <= done:
+                order.append(i)
+                done.add(i)
+    return order
+
+
+CACHE = ("#233", "#355")     # colour of the pack's nodes in the examples
+SAMPLER = ("#232", "#353")
+
+
+def flux_dbcache_taylorseer(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"})
+    clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
+                                               "type": "flux", "device": "default"})
+    vae = g.add("VAELoader", (40, 420), {"vae_name": "ae.safetensors"})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a red fox reading a newspaper in a cosy cafe, morning light, "
+                                                       "35mm photo"}, title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": ""}, title="Negative (unused at cfg 1)", size=[400, 100])
+    guidance = g.add("FluxGuidance", (850, 80), {"guidance": 3.5})
+    latent = g.add("EmptySD3LatentImage", (400, 450), {"width": 1024, "height": 1024, "batch_size": 1})
+    db = g.add("CachedSamplerDBCache", (850, 240), {"Fn": 1, "Bn": 0, "threshold": 0.12, "warmup": 0.1,
+                                                    "max_cached_steps": -1, "max_consecutive_cached": 3,
+                                                    "start_percent": 0.0, "end_percent": 1.0}, color=CACHE)
+    ts = g.add("CachedSamplerTaylorSeer", (850, 510), {"order": 1}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 28, "cfg": 1.0, "sampler_name": "euler",
+                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "flux_cached"}, size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip"); g.link(pos, 0, guidance, "conditioning")
+    g.link(db, 0, ts, "interceptors")
+    g.link(unet, 0, sampler, "model"); g.link(guidance, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative")
+    g.link(latent, 0, sampler, "latent_image"); g.link(ts, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.link(sampler, 1, plot, "images")
+    g.note((40, 540), "**Flux.1 dev + DBCache + TaylorSeer**\n\nDBCache skips Flux's middle blocks while block 1's "
+           "residual barely changes; TaylorSeer forecasts the skipped work instead of reusing it stale. "
+           "Flux: threshold 0.08-0.2. Watch the *Tuning plot* and the numbers on the Cached Sampler to tune.\n\n"
+           "**Model files:** `diffusion_models/flux1-dev.safetensors`, `text_encoders/clip_l.safetensors`, "
+           "`text_encoders/t5xxl_fp16.safetensors`, `vae/ae.safetensors`.", size=(340, 250))
+    return g.build()
+
+
+def wan21_adaptive_cache(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "wan2.1_t2v_1.3B_fp16.safetensors", "weight_dtype": "default"})
+    clip = g.add("CLIPLoader", (40, 220), {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan",
+                                           "device": "default"})
+    vae = g.add("VAELoader", (40, 380), {"vae_name": "wan_2.1_vae.safetensors"})
+    shift = g.add("ModelSamplingSD3", (400, 500), {"shift": 8.0})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a paper boat drifting down a rainy street gutter, close-up, "
+                                                       "cinematic"}, title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": "blurry, low quality, static, watermark"}, title="Negative",
+                size=[400, 140])
+    latent = g.add("EmptyHunyuanLatentVideo", (850, 420), {"width": 832, "height": 480, "length": 33, "batch_size": 1})
+    cache = g.add("CachedSamplerAdaptiveCache", (850, 80), {"threshold": 0.1, "max_consecutive_cached": -1,
+                                                            "start_percent": 0.15, "end_percent": 0.95}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 30, "cfg": 6.0, "sampler_name": "uni_pc",
+                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveAnimatedWEBP", (1580, 200), {"filename_prefix": "video/wan_cached", "fps": 16.0,
+                                                   "lossless": False, "quality": 90, "method": "default"},
+                 size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(unet, 0, shift, "model"); g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip")
+    g.link(shift, 0, sampler, "model"); g.link(pos, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative")
+    g.link(latent, 0, sampler, "latent_image"); g.link(cache, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.link(sampler, 1, plot, "images")
+    g.note((40, 520), "**Wan 2.1 text-to-video + Adaptive Cache**\n\nThe Adaptive Cache skips whole model steps while "
+           "the predicted output change stays under the threshold (0.05 cautious, 0.1 balanced, 0.2 fast); no "
+           "calibration needed, works on every model.\n\n**Model files:** `diffusion_models/wan2.1_t2v_1.3B_fp16."
+           "safetensors`, `text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`, `vae/wan_2.1_vae.safetensors`.",
+           size=(340, 250))
+    return g.build()
+
+
+def sdxl_adaptive_cache(defs) -> dict:
+    g = Graph(defs)
+    ckpt = g.add("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "sd_xl_base_1.0.safetensors"})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a lighthouse on a cliff at dusk, dramatic clouds, oil painting"},
+                title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": "blurry, low quality, text, watermark"}, title="Negative",
+                size=[400, 140])
+    latent = g.add("EmptyLatentImage", (400, 480), {"width": 1024, "height": 1024, "batch_size": 1})
+    cache = g.add("CachedSamplerAdaptiveCache", (850, 80), {"threshold": 0.1, "max_consecutive_cached": 2,
+                                                            "start_percent": 0.15, "end_percent": 0.95}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 30, "cfg": 6.5, "sampler_name": "dpmpp_2m",
+                                                  "scheduler": "karras", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "sdxl_cached"}, size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(ckpt, 1, pos, "clip"); g.link(ckpt, 1, neg, "clip"); g.link(ckpt, 0, sampler, "model")
+    g.link(pos, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative"); g.link(latent, 0, sampler, "latent_image")
+    g.link(cache, 0, sampler, "interceptors"); g.link(sampler, 0, decode, "samples"); g.link(ckpt, 2, decode, "vae")
+    g.link(decode, 0, save, "images"); g.link(sampler, 1, plot, "images")
+    g.note((40, 260), "**SDXL + Adaptive Cache (whole-model cache)**\n\nUNet models expose no transformer blocks to "
+           "cache, so the Adaptive Cache works on whole model steps. `max_consecutive_cached` 2 keeps long reuse "
+           "runs short on a 30-step schedule.\n\n**Model file:** `checkpoints/sd_xl_base_1.0.safetensors`.",
+           size=(320, 230))
+    return g.build()
+
+
+def apply_interceptors_custom_advanced(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"})
+    clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
+                                               "type": "flux", "device": "default"})
+    vae = g.add("VAELoader", (40, 420), {"vae_name": "ae.safetensors"})
+    fbc = g.add("CachedSamplerFirstBlockCache", (40, 540), {"threshold": 0.12, "warmup": 0.1, "max_cached_steps": -1,
+                                                            "max_consecutive_cached": 3, "start_percent": 0.0,
+                                                            "end_percent": 1.0}, color=CACHE)
+    apply = g.add("CachedSamplerApplyInterceptors", (400, 540), {}, color=SAMPLER)
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "an isometric tiny city on a floating island, soft pastel "
+                                                       "colours, detailed"}, title="Prompt", size=[400, 160])
+    guidance = g.add("FluxGuidance", (400, 290), {"guidance": 3.5})
+    latent = g.add("EmptySD3LatentImage", (400, 400), {"width": 1024, "height": 1024, "batch_size": 1})
+    noise = g.add("RandomNoise", (850, 80), {"noise_seed": 42})
+    guider = g.add("BasicGuider", (850, 200))
+    select = g.add("KSamplerSelect", (850, 300), {"sampler_name": "euler"})
+    sched = g.add("BasicScheduler", (850, 400), {"scheduler": "simple", "steps": 28, "denoise": 1.0})
+    sampler = g.add("SamplerCustomAdvanced", (1220, 80))
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "flux_custom_cached"}, size=[400, 440])
+    g.link(clip, 0, pos, "clip"); g.link(pos, 0, guidance, "conditioning")
+    g.link(unet, 0, apply, "model"); g.link(fbc, 0, apply, "interceptors")
+    g.link(apply, 0, guider, "model"); g.link(guidance, 0, guider, "conditioning"); g.link(apply, 0, sched, "model")
+    g.link(noise, 0, sampler, "noise"); g.link(guider, 0, sampler, "guider"); g.link(select, 0, sampler, "sampler")
+    g.link(sched, 0, sampler, "sigmas"); g.link(latent, 0, sampler, "latent_image")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.note((850, 540), "**Apply Interceptors + SamplerCustomAdvanced**\n\nApply Interceptors installs the chain on the "
+           "model, so any sampler runs it (custom samplers, guiders, other packs). Every sampling run starts with a "
+           "fresh cache; what caching did goes to the ComfyUI log.\n\n**Model files:** as the Flux example.",
+           size=(340, 220))
+    return g.build()
+
+
+def tiny_digits_tuning_plot(defs) -> dict:
+    g = Graph(defs)
+    model = g.add("CachedSamplerDigitsModel", (40, 80), {"digits": "0123456789"})
+    fbc = g.add("CachedSamplerFirstBlockCache", (40, 260), {"threshold": 0.25, "warmup": 0.1, "max_cached_steps": -1,
+                                                            "max_consecutive_cached": 3, "start_percent": 0.0,
+                                                            "end_percent": 1.0}, color=CACHE)
+    ts = g.add("CachedSamplerTaylorSeer", (40, 520), {"order": 1}, color=CACHE)
+    sampler = g.add("CachedSampler", (420, 80), {"seed": 0, "steps": 20, "cfg": 3.0, "sampler_name": "euler",
+                                                 "scheduler": "simple", "denoise": 1.0}, color=SAMPLER, size=[340, 330])
+    decode = g.add("CachedSamplerDigitsDecode", (820, 80))
+    images = g.add("PreviewImage", (820, 180), title="Digits", size=[420, 260])
+    plot = g.add("PreviewImage", (420, 580), title="Tuning plot", size=[820, 470])
+    g.link(fbc, 0, ts, "interceptors")
+    g.link(model, 0, sampler, "model"); g.link(model, 1, sampler, "positive"); g.link(model, 2, sampler, "negative")
+    g.link(model, 3, sampler, "latent_image"); g.link(ts, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(decode, 0, images, "images"); g.link(sampler, 1, plot, "images")
+    g.note((40, 640), "**Tuning plot on the bundled tiny model** (runs in a second on a CPU)\n\nRaise First Block "
+           "Cache's `threshold` and queue again: more orange (skipped) steps, more work saved. The summary on the "
+           "Cached Sampler tells computed/skipped steps and the estimated speedup; compare the digits with "
+           "threshold 0.", size=(340, 240))
+    return g.build()
+
+
+def wan22_two_stage_first_block_cache(defs) -> dict:
+    g = Graph(defs)
+    high = g.add("UNETLoader", (40, 80), {"unet_name": "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+                                         "weight_dtype": "default"}, title="High-noise model")
+    low = g.add("UNETLoader", (40, 220), {"unet_name": "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+                                         "weight_dtype": "default"}, title="Low-noise model")
+    clip = g.add("CLIPLoader", (40, 360), {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan",
+                                           "device": "default"})
+    vae = g.add("VAELoader", (40, 520), {"vae_name": "wan_2.1_vae.safetensors"})
+    shift_high = g.add("ModelSamplingSD3", (400, 80), {"shift": 8.0})
+    shift_low = g.add("ModelSamplingSD3", (400, 200), {"shift": 8.0})
+    pos = g.add("CLIPTextEncode", (400, 320), {"text": "a red kite dancing over a windy beach at sunset, waves rolling "
+                                                        "in, cinematic wide shot"}, title="Prompt", size=[400, 150])
+    neg = g.add("CLIPTextEncode", (400, 500), {"text": "blurry, low quality, static, watermark, subtitles"},
+                title="Negative", size=[400, 120])
+    latent = g.add("EmptyHunyuanLatentVideo", (400, 660), {"width": 832, "height": 480, "length": 81, "batch_size": 1})
+    fbc_high = g.add("CachedSamplerFirstBlockCache", (850, 80), {"threshold": 0.1}, title="First Block Cache (high noise)",
+                     color=CACHE)
+    ts_high = g.add("CachedSamplerTaylorSeer", (850, 330), {"order": 1}, color=CACHE)
+    fbc_low = g.add("CachedSamplerFirstBlockCache", (850, 440), {"threshold": 0.1}, title="First Block Cache (low noise)",
+                    color=CACHE)
+    ts_low = g.add("CachedSamplerTaylorSeer", (850, 690), {"order": 1}, color=CACHE)
+    stage1 = g.add("CachedSamplerAdvanced", (1220, 80), {"add_noise": "enable", "noise_seed": 42, "steps": 20, "cfg": 3.5,
+                                                         "sampler_name": "euler", "scheduler": "simple",
+                                                         "start_at_step": 0, "end_at_step": 10,
+                                                         "return_with_leftover_noise": "enable"},
+                   title="Cached Sampler (Advanced): high noise, steps 0-10", color=SAMPLER)
+    stage2 = g.add("CachedSamplerAdvanced", (1580, 80), {"add_noise": "disable", "noise_seed": 42, "steps": 20, "cfg": 3.5,
+                                                         "sampler_name": "euler", "scheduler": "simple",
+                                                         "start_at_step": 10, "end_at_step": 10000,
+                                                         "return_with_leftover_noise": "disable"},
+                   title="Cached Sampler (Advanced): low noise, steps 10-20", color=SAMPLER)
+    decode = g.add("VAEDecode", (1940, 80))
+    save = g.add("SaveAnimatedWEBP", (1940, 200), {"filename_prefix": "video/wan22_cached", "fps": 16.0,
+                                                   "lossless": False, "quality": 90, "method": "default"},
+                 size=[400, 440])
+    plot1 = g.add("PreviewImage", (1220, 560), title="Tuning plot (high noise)", size=[330, 260])
+    plot2 = g.add("PreviewImage", (1580, 560), title="Tuning plot (low noise)", size=[330, 260])
+    g.link(high, 0, shift_high, "model"); g.link(low, 0, shift_low, "model")
+    g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip")
+    g.link(fbc_high, 0, ts_high, "interceptors"); g.link(fbc_low, 0, ts_low, "interceptors")
+    for stage, model, chain in ((stage1, shift_high, ts_high), (stage2, shift_low, ts_low)):
+        g.link(model, 0, stage, "model"); g.link(pos, 0, stage, "positive"); g.link(neg, 0, stage, "negative")
+        g.link(chain, 0, stage, "interceptors")
+    g.link(latent, 0, stage1, "latent_image"); g.link(stage1, 0, stage2, "latent_image")
+    g.link(stage2, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.link(stage1, 1, plot1, "images"); g.link(stage2, 1, plot2, "images")
+    g.note((40, 800), "**Wan 2.2 14B text-to-video, two stages, each cached**\n\nOne Cached Sampler (Advanced) per "
+           "stage, each with its own First Block Cache + TaylorSeer chain. Each stage starts a fresh cache, and "
+           "warm-up is counted on the whole 20-step schedule, so the low-noise stage does not warm up again. Wan: "
+           "threshold 0.05-0.15 (0.1 here); lower it on the high-noise stage if the layout drifts.\n\n**What to "
+           "expect:** each sampler's summary shows its steps computed of its 10; the tuning plots show where it "
+           "skipped. Compare with threshold 0 (bit-identical, nothing skipped).", size=(380, 300))
+    return g.build()
+
+
+def qwen_image_magcache_calibrate(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "qwen_image_fp8_e4m3fn.safetensors", "weight_dtype": "default"})
+    clip = g.add("CLIPLoader", (40, 220), {"clip_name": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "type": "qwen_image",
+                                           "device": "default"})
+    vae = g.add("VAELoader", (40, 380), {"vae_name": "qwen_image_vae.safetensors"})
+    shift = g.add("ModelSamplingAuraFlow", (40, 480), {"shift": 3.1})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a neon-lit night market street in the rain, shop signs reading "
+                                                       "\"Cached Sampler\", reflections on wet stones"},
+                title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": ""}, title="Negative", size=[400, 100])
+    latent = g.add("EmptySD3LatentImage", (400, 440), {"width": 1328, "height": 1328, "batch_size": 1})
+    calib = g.add("CachedSamplerMagCacheCalibrate", (850, 80), {"seed": 42, "steps": 30, "cfg": 2.5,
+                                                               "sampler_name": "euler", "scheduler": "simple",
+                                                               "denoise": 1.0, "threshold": 0.1, "K": 2,
+                                                               "retention_ratio": 0.2}, color=CACHE, size=[340, 430])
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 30, "cfg": 2.5, "sampler_name": "euler",
+                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "qwen_image_cached"}, size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    for node in (calib, sampler):
+        g.link(shift, 0, node, "model"); g.link(pos, 0, node, "positive"); g.link(neg, 0, node, "negative")
+        g.link(latent, 0, node, "latent_image")
+    g.link(unet, 0, shift, "model"); g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip")
+    g.link(calib, 0, sampler, "interceptors"); g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae")
+    g.link(decode, 0, save, "images"); g.link(sampler, 1, plot, "images")
+    g.note((40, 620), "**Qwen-Image + MagCache, calibrated for this model**\n\nQwen-Image has no published MagCache "
+           "curve: MagCache Calibrate runs the prompt once uncached and records it, and its chain (threshold 0.1, K 2, "
+           "retention 0.2, the published Qwen-Image setting) drives the Cached Sampler. Keep its steps, sampler and "
+           "scheduler equal to the sampler's.\n\n**What to expect:** the first queue costs one extra uncached run; "
+           "queued again with the same inputs, ComfyUI reuses the calibration. The calibrate node shows the ratios: "
+           "paste them into a MagCache node's `custom_ratios` (model_type `custom`) to skip calibrating.",
+           size=(360, 300))
+    return g.build()
+
+
+def hunyuan_video15_first_block_cache(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "hunyuanvideo1.5_720p_t2v_fp16.safetensors",
+                                         "weight_dtype": "default"})
+    clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
+                                               "clip_name2": "byt5_small_glyphxl_fp16.safetensors",
+                                               "type": "hunyuan_video_15", "device": "default"})
+    vae = g.add("VAELoader", (40, 420), {"vae_name": "hunyuanvideo15_vae_fp16.safetensors"})
+    shift = g.add("ModelSamplingSD3", (40, 520), {"shift": 7.0})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a paper airplane gliding between skyscrapers, spiralling up "
+                                                       "into the clouds, tracking shot"}, title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": ""}, title="Negative", size=[400, 100])
+    latent = g.add("EmptyHunyuanVideo15Latent", (400, 440), {"width": 1280, "height": 720, "length": 121,
+                                                             "batch_size": 1})
+    fbc = g.add("CachedSamplerFirstBlockCache", (850, 80), {"threshold": 0.1}, color=CACHE)
+    ts = g.add("CachedSamplerTaylorSeer", (850, 330), {"order": 1}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 20, "cfg": 6.0, "sampler_name": "euler",
+                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveAnimatedWEBP", (1580, 200), {"filename_prefix": "video/hunyuan15_cached", "fps": 24.0,
+                                                   "lossless": False, "quality": 90, "method": "default"},
+                 size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(unet, 0, shift, "model"); g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip")
+    g.link(fbc, 0, ts, "interceptors")
+    g.link(shift, 0, sampler, "model"); g.link(pos, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative")
+    g.link(latent, 0, sampler, "latent_image"); g.link(ts, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.link(sampler, 1, plot, "images")
+    g.note((40, 660), "**HunyuanVideo 1.5 text-to-video + First Block Cache + TaylorSeer**\n\nBlock-level caching: "
+           "block 1 probes each step and the others are skipped while its residual barely changes. Threshold 0.1 is "
+           "HunyuanVideo's published value, a starting point for 1.5 (no value is published for 1.5 itself). The "
+           "1080p super-resolution model is step-distilled: caching is refused there.\n\n**What to expect:** the "
+           "summary shows the steps computed of 20 and the work saved; read the tuning plot before raising the "
+           "threshold.", size=(360, 300))
+    return g.build()
+
+
+def z_image_fixed_cadence_taylorseer(defs) -> dict:
+    g = Graph(defs)
+    unet = g.add("UNETLoader", (40, 80), {"unet_name": "z_image_bf16.safetensors", "weight_dtype": "default"})
+    clip = g.add("CLIPLoader", (40, 220), {"clip_name": "qwen_3_4b.safetensors", "type": "lumina2", "device": "default"})
+    vae = g.add("VAELoader", (40, 380), {"vae_name": "ae.safetensors"})
+    shift = g.add("ModelSamplingAuraFlow", (40, 480), {"shift": 3.0})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a ceramic teapot shaped like a sleeping cat on a sunlit wooden "
+                                                       "table, studio photo"}, title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": "blurry, low quality"}, title="Negative", size=[400, 100])
+    latent = g.add("EmptySD3LatentImage", (400, 440), {"width": 1024, "height": 1024, "batch_size": 1})
+    cadence = g.add("CachedSamplerFixedCadence", (850, 80), {"interval": 3}, color=CACHE)
+    ts = g.add("CachedSamplerTaylorSeer", (850, 260), {"order": 1}, color=CACHE)
+    sampler = g.add("CachedSampler", (1220, 80), {"seed": 42, "steps": 30, "cfg": 4.0, "sampler_name": "res_multistep",
+                                                  "scheduler": "simple", "denoise": 1.0}, color=SAMPLER)
+    decode = g.add("VAEDecode", (1580, 80))
+    save = g.add("SaveImage", (1580, 200), {"filename_prefix": "z_image_cached"}, size=[400, 440])
+    plot = g.add("PreviewImage", (1220, 460), title="Tuning plot", size=[330, 260])
+    g.link(unet, 0, shift, "model"); g.link(clip, 0, pos, "clip"); g.link(clip, 0, neg, "clip")
+    g.link(cadence, 0, ts, "interceptors")
+    g.link(shift, 0, sampler, "model"); g.link(pos, 0, sampler, "positive"); g.link(neg, 0, sampler, "negative")
+    g.link(latent, 0, sampler, "latent_image"); g.link(ts, 0, sampler, "interceptors")
+    g.link(sampler, 0, decode, "samples"); g.link(vae, 0, decode, "vae"); g.link(decode, 0, save, "images")
+    g.link(sampler, 1, plot, "images")
+    g.note((40, 620), "**Z-Image (base) + Fixed Cadence + TaylorSeer**\n\nZ-Image (Lumina2 family) is cached at "
+           "whole-model level: compute every 3rd step and forecast the others in sigma (at 28-30 steps interval "
+           "3-5; 50 steps 5-8). Z-Image Turbo is step-distilled: caching is refused there unless `allow_distilled` "
+           "is on.\n\n**What to expect:** the summary shows about 11 of 30 steps computed per branch (the first "
+           "and last always are).", size=(360, 260))
+    return g.build()
+
+
+def ltx2_first_block_cache(defs) -> dict:
+    g = Graph(defs)
+    ckpt = g.add("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "ltx-2-19b-dev-fp8.safetensors"})
+    text = g.add("LTXAVTextEncoderLoader", (40, 240), {"text_encoder": "gemma_3_12B_it_fp4_mixed.safetensors",
+                                                       "ckpt_name": "ltx-2-19b-dev-fp8.safetensors", "device": "default"})
+    audio_vae = g.add("LTXVAudioVAELoader", (40, 400), {"ckpt_name": "ltx-2-19b-dev-fp8.safetensors"})
+    pos = g.add("CLIPTextEncode", (400, 80), {"text": "a puppet with yarn hair sings under a red umbrella while rain "
+                                                       "taps on a tin roof, close-up"}, title="Prompt", size=[400, 160])
+    neg = g.add("CLIPTextEncode", (400, 290), {"text": "blurry, low quality, still frame, watermark, subtitles"},
+                title="Negative", size=[400, 100])
+    cond = g.add("LTXVConditioning", (400, 440), {"frame_rate": 25.0})
+    video = g.add("EmptyLTXVLatentVideo", (400, 560), {"width": 768, "height": 512, "length": 97, "batch_size": 1})
+    audio = g.add("LTXVEmptyLatentAudio", (400, 720), {"frames_number": 97, "frame_rate": 25.0, "batch_size": 1})
+    av = g.add("LTXVConcatAVLatent", (850, 600))
+    fbc = g.add("CachedSamplerFirstBlockCache", (850, 80), {"threshold": 0.1}, color=CACHE)
+    apply = g.add("CachedSamplerApplyInterceptors", (850, 340), {}, color=SAMPLER)
+    guider = g.add("CFGGuider", (1220, 80), {"cfg": 4.0})
+    sched = g.add("LTXVScheduler", (1220, 220), {"steps": 20, "max_shift": 2.05, "base_shift": 0.95, "stretch": True,
+                                                 "terminal": 0.1})
+    noise = g.add("RandomNoise", (1220, 440), {"noise_seed": 42})
+    select = g.add("KSamplerSelect", (1220, 560), {"sampler_name": "euler"})
+    sampler = g.add("SamplerCustomAdvanced", (1580, 80))
+    split = g.add("LTXVSeparateAVLatent", (1580, 300))
+    decode = g.add("VAEDecode", (1940, 80))
+    decode_audio = g.add("LTXVAudioVAEDecode", (1940, 200))
+    save = g.add("SaveAnimatedWEBP", (2300, 80), {"filename_prefix": "video/ltx2_cached", "fps": 25.0,
+                                                  "lossless": False, "quality": 90, "method": "default"},
+                 size=[400, 440])
+    save_audio = g.add("SaveAudio", (2300, 560), {"filename_prefix": "audio/ltx2_cached"})
+    g.link(ckpt, 0, apply, "model"); g.link(fbc, 0, apply, "interceptors")
+    g.link(text, 0, pos, "clip"); g.link(text, 0, neg, "clip")
+    g.link(pos, 0, cond, "positive"); g.link(neg, 0, cond, "negative")
+    g.link(audio_vae, 0, audio, "audio_vae")
+    g.link(video, 0, av, "video_latent"); g.link(audio, 0, av, "audio_latent")
+    g.link(apply, 0, guider, "model"); g.link(cond, 0, guider, "positive"); g.link(cond, 1, guider, "negative")
+    g.link(av, 0, sched, "latent")
+    g.link(noise, 0, sampler, "noise"); g.link(guider, 0, sampler, "guider"); g.link(select, 0, sampler, "sampler")
+    g.link(sched, 0, sampler, "sigmas"); g.link(av, 0, sampler, "latent_image")
+    g.link(sampler, 0, split, "av_latent"); g.link(split, 0, decode, "samples"); g.link(ckpt, 2, decode, "vae")
+    g.link(split, 1, decode_audio, "samples"); g.link(audio_vae, 0, decode_audio, "audio_vae")
+    g.link(decode, 0, save, "images"); g.link(decode_audio, 0, save_audio, "audio")
+    g.note((40, 860), "**LTX-2 text-to-video with audio + First Block Cache**\n\nApply Interceptors puts the chain on "
+           "the model for SamplerCustomAdvanced. LTX-2 is cached at block level with its video and audio streams, "
+           "each restored from its own residual; the video stream's probe decides. Threshold 0.1 is LTXV's published "
+           "value, a starting point for LTX-2 (none is published for it). Needs a ComfyUI newer than v0.8.0 (its "
+           "LTX-2 nodes gained inputs since).\n\n**What to expect:** no summary on a node here: each run's "
+           "summary (steps computed of 20, work saved) goes to the ComfyUI log.", size=(380, 300))
+    return g.build()
+
+
+# A template written for newer node definitions than the oldest supported ComfyUI has: (node, input) pairs it
+# needs, checked against the running ComfyUI's definitions (the generator and the tests skip it, saying why).
+REQUIRES = {
+    "ltx2_first_block_cache": [("LTXAVTextEncoderLoader", "device")],
+}
+
+
+def missing_requirements(name: str, defs: dict) -> list[str]:
+    """What the running ComfyUI lacks for this template, as 'Node.input' (empty when it has everything)."""
+    missing = []
+    for node, input_name in REQUIRES.get(name, []):
+        names = {n for n, _, _ in workflow_api.ordered_inputs(defs[node])} if node in defs else set()
+        if input_name not in names:
+            missing.append(f"{node}.{input_name}")
+    return missing
+
+
+WORKFLOWS = {
+    "flux_dbcache_taylorseer": flux_dbcache_taylorseer,
+    "wan21_adaptive_cache": wan21_adaptive_cache,
+    "sdxl_adaptive_cache": sdxl_adaptive_cache,
+    "apply_interceptors_sampler_custom_advanced": apply_interceptors_custom_advanced,
+    "tiny_digits_tuning_plot": tiny_digits_tuning_plot,
+    "wan22_two_stage_first_block_cache": wan22_two_stage_first_block_cache,
+    "qwen_image_magcache_calibrate": qwen_image_magcache_calibrate,
+    "hunyuan_video15_first_block_cache": hunyuan_video15_first_block_cache,
+    "z_image_fixed_cadence_taylorseer": z_image_fixed_cadence_taylorseer,
+    "ltx2_first_block_cache": ltx2_first_block_cache,
+}
+RUNNABLE = "tiny_digits_tuning_plot"
+
+
+def schematic(workflow: dict, title: str, size=(512, 384)):
+    """A thumbnail of a graph: its nodes as boxes, its links as lines, the pack's nodes highlighted."""
+    from PIL import Image, ImageDraw, ImageFont
+    nodes = workflow["nodes"]
+    x0 = min(n["pos"][0] for n in nodes); y0 = min(n["pos"][1] for n in nodes) - TITLE_H
+    x1 = max(n["pos"][0] + n["size"][0] for n in nodes); y1 = max(n["pos"][1] + n["size"][1] for n in nodes)
+    w, h = size
+    top = 52
+    scale = min((w - 24) / (x1 - x0), (h - top - 12) / (y1 - y0))
+
+    def at(x, y):
+        return 12 + (x - x0) * scale, top + (y - y0) * scale
+
+    image = Image.new("RGB", size, (32, 32, 36))
+    draw = ImageDraw.Draw(image)
+    font = ImageFont.load_default(size=9) if hasattr(ImageFont, "load_default") else None
+    title_font = ImageFont.load_default(size=20)
+    draw.text((12, 12), title, fill=(235, 235, 235), font=title_font)
+    by_id = {n["id"]: n for n in nodes}
+    for link in workflow["links"]:
+        a, b = by_id[link[1]], by_id[link[3]]
+        start = at(a["pos"][0] + a["size"][0], a["pos"][1] + 10 + 20 * link[2])
+        end = at(b["pos"][0], b["pos"][1] + 10 + 20 * link[4])
+        draw.line([start, end], fill=(120, 160, 200), width=1)
+    for n in nodes:
+        left, upper = at(n["pos"][0], n["pos"][1] - TITLE_H)
+        right, lower = at(n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+        ours = n["type"].startswith("CachedSampler")
+        fill = (40, 90, 60) if ours else (100, 80, 50) if n["type"] == "MarkdownNote" else (60, 60, 66)
+        draw.rounded_rectangle([left, upper, right, lower], radius=4, fill=fill,
+                               outline=(120, 220, 150) if ours else (110, 110, 118))
+        label = n.get("title") or ("Note" if n["type"] == "MarkdownNote" else n["type"].replace("CachedSampler", "") or "Cached Sampler")
+        if n["type"] == "CachedSampler":
+            label = "Cached Sampler"
+        draw.text((left + 3, upper + 2), label[:int((right - left) / 5)], fill=(235, 235, 235), font=font)
+    return image
+
+
+def run_tiny_thumbnail(comfy, workflow: dict, defs: dict):
+    """Run the tiny-model workflow headless and compose its digits and tuning plot into a thumbnail."""
+    from PIL import Image
+    prompt = workflow_api.workflow_to_api(workflow, defs)
+    _, outputs = comfy.run(prompt)
+    files = {}
+    for node in workflow["nodes"]:
+        if node["type"] == "PreviewImage":
+            files[node.get("title")] = [comfy.tmp / i["type"] / i["subfolder"] / i["filename"]
+                                        for i in outputs[str(node["id"])]["images"]]
+    plot = Image.open(files["Tuning plot"][0]).convert("RGB")
+    digits = [Image.open(f).convert("RGB") for f in files["Digits"]]
+    thumb = Image.new("RGB", (512, 384), (255, 255, 255))
+    cell = 512 // len(digits)
+    for i, d in enumerate(digits):
+        thumb.paste(d.resize((cell, cell), Image.NEAREST), (i * cell + (512 - cell * len(digits)) // 2, 8))
+    p = plot.resize((512, int(plot.height * 512 / plot.width)), Image.LANCZOS)
+    thumb.paste(p, (0, 384 - p.height))
+    return thumb
+
+
+TITLES = {
+    "flux_dbcache_taylorseer": "Flux: DBCache + TaylorSeer",
+    "wan21_adaptive_cache": "Wan 2.1 video: Adaptive Cache",
+    "sdxl_adaptive_cache": "SDXL: Adaptive Cache",
+    "apply_interceptors_sampler_custom_advanced": "Apply Interceptors + SamplerCustomAdvanced",
+    "wan22_two_stage_first_block_cache": "Wan 2.2: two stages, each cached",
+    "qwen_image_magcache_calibrate": "Qwen-Image: MagCache, calibrated",
+    "hunyuan_video15_first_block_cache": "HunyuanVideo 1.5: First Block Cache",
+    "z_image_fixed_cadence_taylorseer": "Z-Image: Fixed Cadence + TaylorSeer",
+    "ltx2_first_block_cache": "LTX-2 video + audio: First Block Cache",
+}
+
+
+def from_screenshot(path: Path):
+    """A thumbnail from the browser test's screenshot of the loaded workflow (artifacts/example_NAME.png)."""
+    from PIL import Image
+    shot = Image.open(path).convert("RGB")
+    scale = 512 / shot.width
+    return shot.resize((512, round(shot.height * scale)), Image.LANCZOS)
+
+
+def main() -> None:
+    from devkit.comfy_harness import start
+    comfy = start()
+    defs = workflow_api.object_info()
+    OUT.mkdir(exist_ok=True)
+    for name, make in WORKFLOWS.items():
+        missing = missing_requirements(name, defs)
+        if missing:
+            print(f"kept {name}.json as it is: this ComfyUI lacks {', '.join(missing)}")
+            continue
+        workflow = make(defs)
+        (OUT / f"{name}.json").write_text(json.dumps(workflow, indent=1) + "\n", encoding="utf-8")
+        thumb, shot = OUT / f"{name}.jpg", ROOT / "artifacts" / f"example_{name}.png"
+        if name == RUNNABLE:
+            run_tiny_thumbnail(comfy, workflow, defs).save(thumb, quality=88)
+        elif "--thumbnails-from-browser" in sys.argv and shot.is_file():
+            from_screenshot(shot).save(thumb, quality=88)
+        elif not thumb.is_file():
+            schematic(workflow, TITLES[name]).save(thumb, quality=88)
+        print("wrote", OUT / f"{name}.json")
+
+
+if __name__ == "__main__":
+    main()
