@@ -114,12 +114,15 @@ def _group(curve: dict):
     method, which forecasts with TaylorSeer order 1 itself, with order 1)."""
     if curve["source"] != "pack":
         return "peer"
+    if curve.get("estimator"):
+        return "spectrum"
     if curve["taylorseer"] is None and curve.get("kind") == "planned":
         return 1
     return curve["taylorseer"]
 
 
-GROUP_TITLES = {None: "no forecast (reuse)", 1: "+ TaylorSeer order 1", 2: "+ TaylorSeer order 2"}
+GROUP_TITLES = {None: "no forecast (reuse)", 1: "+ TaylorSeer order 1", 2: "+ TaylorSeer order 2",
+                "spectrum": "+ Spectrum Forecast"}
 
 
 def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
@@ -128,7 +131,8 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
     for steps in steps_list:
         for r in results["digits"][steps]["rows"]:
             curves.setdefault(r["method"], {"method": r["method"], "family": r["family"], "source": r["source"],
-                                            "taylorseer": r["taylorseer"], "kind": r.get("kind")})
+                                            "taylorseer": r["taylorseer"], "kind": r.get("kind"),
+                                            "estimator": r.get("estimator")})
     style, families = styles(list(curves.values()))
     groups = [g for g in (None, 1, 2) if any(_group(c) == g for c in curves.values())] or [None]
     for c in curves.values():  # other orders (0) get their own column
