@@ -32,6 +32,7 @@ SCHEDULE_GRID: dict[str, list] = {
     "warmup_steps": [None, 1, 2],
     "window_size": [1.0, 2.0, 3.0],
     "flex_window": [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
+    "tail_actual_steps": [None, 0],  # xmarre's port: the last steps always computed (default 3)
 }
 SCHEDULE_OFF = {"window_size": 1.0, "flex_window": 0.0}
 
@@ -113,6 +114,7 @@ class Config:
     verbose: bool = True
     replot: str | None = None
     extend: int = 3                      # settings a sweep may add to reach below EXTEND_BELOW_DB
+    command: str | None = None           # the command line recorded in the results (None: from the settings)
 
 
 @dataclasses.dataclass
