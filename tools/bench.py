@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -114,7 +115,21 @@ def parse_args(argv=None) -> Config:
     if a.out:
         c.out = a.out
     c.plot = not a.no_plot
+    c.command = recorded_command(sys.argv[1:] if argv is None else list(argv))
     return c
+
+
+def recorded_command(args: list[str]) -> str:
+    """The command line the results record: what was measured, so without --out (where they were written)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return " ".join(["python3 tools/bench.py", *(shlex.quote(a) for a in kept)])
 
 
 def _number(text: str):

@@ -536,8 +536,8 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
     import comfy_harness
     results = {
         "meta": {
-            "command": "python3 tools/bench.py" + (" --quick" if config.quick else "")
-                       + (f" --device {config.device}" if config.device != "cpu" else ""),
+            "command": config.command or ("python3 tools/bench.py" + (" --quick" if config.quick else "")
+                                          + (f" --device {config.device}" if config.device != "cpu" else "")),
             "device": config.device,
             "date": datetime.date.today().isoformat(),
             "platform": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores",
