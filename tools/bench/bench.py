@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -33,7 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The bench in parts: which methods (bench_discover), running them (bench_run), analysis and report
 # (bench_report); this file is the command line.
-from bench_discover import DBCACHE_PRESETS, QUICK_SWEEPS, SWEEPS, Config, Method  # noqa: E402,F401
+from bench_discover import DBCACHE_PRESETS, QUICK_SWEEPS, SCHEDULE_GRID, SWEEPS, Config, Method  # noqa: E402,F401
 from bench_report import analyse, load_results, markdown, write_outputs  # noqa: E402
 from bench_run import Bench, run_bench  # noqa: E402,F401  (Bench, Method: for tests)
 
@@ -48,7 +49,10 @@ def parse_args(argv=None) -> Config:
                    "comma-separated; the last one applies to further step counts (default 1)")
     p.add_argument("--taylorseer", help="TaylorSeer orders to chain, comma-separated, '' for none (default 1,2)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
-                   help="override a sweep, e.g. fbcache=0,0.1,0.2 (keys: " + ", ".join(SWEEPS) + ")")
+                   help="override a sweep, e.g. fbcache=0,0.1,0.2 (keys: " + ", ".join(SWEEPS) + "; and "
+                   + ", ".join(f"schedule.{k}" for k in SCHEDULE_GRID) + " for Spectrum-style peers' grid)")
+    p.add_argument("--no-spectrum", action="store_true",
+                   help="do not chain the pack's Spectrum Forecast after each pack decider")
     p.add_argument("--extend", type=int, help="settings a sweep may add to reach below 30 dB PSNR (default 3; "
                    "0 with --quick)")
     p.add_argument("--only", help="comma-separated method keys to run (e.g. fbcache,easycache)")
@@ -105,11 +109,26 @@ def parse_args(argv=None) -> Config:
     if a.overhead_steps is not None:
         c.overhead_steps = a.overhead_steps
     c.other_packs = not a.no_other_packs
+    c.spectrum = not a.no_spectrum
     c.device = a.device
     if a.out:
         c.out = a.out
     c.plot = not a.no_plot
+    c.command = recorded_command(sys.argv[1:] if argv is None else list(argv))
     return c
+
+
+def recorded_command(args: list[str]) -> str:
+    """The command line the results record: what was measured, so without --out (where they were written)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return " ".join(["python3 tools/bench/bench.py", *(shlex.quote(a) for a in kept)])
 
 
 def _number(text: str):

@@ -4,6 +4,7 @@ settings (``Config``)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 from pathlib import Path
@@ -18,7 +19,22 @@ TAYLORSEER = "CachedSamplerTaylorSeer"
 CORE_PEERS = ("EasyCache", "LazyCache")
 # Node ids of other installed packs that look like caching methods (TeaCache, MagCache, WaveSpeed's FBCache...).
 PEER_PATTERNS = ("teacache", "magcache", "fbcache", "firstblockcache", "applyfbcacheonmodel", "taylorseer",
-                 "easycache", "lazycache", "dbcache", "blockcache", "cachedit")
+                 "easycache", "lazycache", "dbcache", "blockcache", "cachedit", "spectrum")
+# The pack's Spectrum Forecast: an estimator like TaylorSeer, chained (at its defaults) after each pack decider.
+SPECTRUM = "CachedSamplerSpectrum"
+# Other packs' Spectrum-style compute schedules (the Spectrum reference's inputs, kept by its ComfyUI ports such as
+# judian17/ComfyUI-Spectrum's "Spectrum" and xmarre/ComfyUI-Spectrum-Proper's "SpectrumApplyFlux"): compute the
+# first warmup_steps steps, then every int(window_size)-th step, the window growing by flex_window after each
+# computed step. A peer without a threshold input but with window_size and flex_window is swept over this grid
+# (every combination; "schedule.<input>=V1,V2" overrides one input's values); window_size 1 with flex_window 0
+# computes every step (the curve's anchor), None keeps the node's default.
+SCHEDULE_GRID: dict[str, list] = {
+    "warmup_steps": [None, 1, 2],
+    "window_size": [1.0, 2.0, 3.0],
+    "flex_window": [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
+    "tail_actual_steps": [None, 0],  # xmarre's port: the last steps always computed (default 3)
+}
+SCHEDULE_OFF = {"window_size": 1.0, "flex_window": 0.0}
 
 # Sweeps per method key. The first value turns caching off (bit-identical output): it anchors each curve.
 SWEEPS: dict[str, list] = {
@@ -48,6 +64,9 @@ QUICK_SWEEPS: dict[str, list] = {
     "easycache_copy": [0.0, 0.01, 0.04],
     "lazycache": [0.0, 0.01, 0.04],
     "autocalibrate": [35.0],
+    "schedule.warmup_steps": [None],
+    "schedule.window_size": [1.0, 2.0],
+    "schedule.flex_window": [0.0, 0.75, 2.0],
 }
 # Pack nodes with a known role; any other pack config node with a 'threshold' or 'interval' input is
 # benchmarked too (sweeping that input around its default).
@@ -77,6 +96,7 @@ class Config:
     digits: str = "0123456789"
     repeats: list = dataclasses.field(default_factory=lambda: [1])  # timing rounds per step count (last repeats)
     taylorseer: list = dataclasses.field(default_factory=lambda: [1, 2])
+    spectrum: bool = True                # also chain the pack's Spectrum Forecast after each pack decider
     sweeps: dict = dataclasses.field(default_factory=lambda: {k: list(v) for k, v in SWEEPS.items()})
     dbcache_presets: list = dataclasses.field(default_factory=lambda: ["F1B1"])
     only: list | None = None            # method keys to run (None: all discovered)
@@ -94,6 +114,7 @@ class Config:
     verbose: bool = True
     replot: str | None = None
     extend: int = 3                      # settings a sweep may add to reach below EXTEND_BELOW_DB
+    command: str | None = None           # the command line recorded in the results (None: from the settings)
 
 
 @dataclasses.dataclass
@@ -105,7 +126,7 @@ class Method:
     family: str
     source: str
     node: str | None                     # node id; None for the uncached baseline
-    param: str | None
+    param: str | None                    # the swept input ("schedule": each value a dict of several inputs)
     values: list
     fixed: dict = dataclasses.field(default_factory=dict)
     taylorseer: int | None = None
@@ -115,10 +136,14 @@ class Method:
     copy_input: bool = False             # hand the diffusion model a copy of its input (see BenchCountWork)
     param_max: float | None = None       # the swept input's maximum, as the node declares it
     calibrate: str | None = None         # node that records this method's model curve first (MagCache Calibrate)
+    estimator: tuple | None = None       # (node id, inputs) of a pack estimator other than TaylorSeer, chained after
+                                         # the decider (Spectrum Forecast)
 
     def describe(self, value) -> str:
         if self.param is None:
             return "defaults"
+        if isinstance(value, dict):
+            return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in value.items())
         if isinstance(value, float):
             return f"{self.param}={value:g}"
         return f"{self.param}={value}"
@@ -244,6 +269,32 @@ def _sweep_for(cls, param: str, quick: bool) -> list:
     return sorted({round(min(default * m, top), 6) for m in multipliers})
 
 
+def schedule_grid(cls, knobs: list[str], config: Config) -> list[dict]:
+    """A Spectrum-style peer's settings (see SCHEDULE_GRID): first the one that computes every step, then every
+    other combination of the grid's values within the node's ranges."""
+    inputs = _inputs(cls)
+
+    def cast(k, v):
+        spec = inputs[k][1]
+        return int(v) if spec[0] == "INT" else float(v)
+
+    axes = {}
+    for k in knobs:
+        spec = inputs[k][1]
+        options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+        lo, hi = options.get("min", -math.inf), options.get("max", math.inf)
+        values = [cast(k, _default(spec) if v is None else v)
+                  for v in config.sweeps.get(f"schedule.{k}", SCHEDULE_GRID[k])]
+        axes[k] = list(dict.fromkeys(v for v in values if lo <= v <= hi)) or [cast(k, _default(spec))]
+    off = {k: cast(k, SCHEDULE_OFF[k]) if k in SCHEDULE_OFF else values[0] for k, values in axes.items()}
+    grid = [off]
+    for combo in itertools.product(*axes.values()):
+        setting = dict(zip(axes, combo))
+        if any(setting[k] != off[k] for k in SCHEDULE_OFF):  # the rest compute every step: the anchor already
+            grid.append(setting)
+    return grid
+
+
 def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
     """The methods to benchmark, from the node ids ComfyUI has loaded right now; and what was found
     but cannot be benchmarked (with why)."""
@@ -252,6 +303,9 @@ def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
     methods: list[Method] = []
     skipped: list[dict] = []
     has_ts = TAYLORSEER in mappings
+    spectrum = None
+    if SPECTRUM in mappings and config.spectrum:
+        spectrum = (SPECTRUM, widget_defaults(mappings[SPECTRUM])[0])
 
     def sweep(key, cls, param):
         if key in config.sweeps:
@@ -266,10 +320,16 @@ def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
             values = [v for v in m.values if v != m.zero] or list(m.values)
             methods.append(dataclasses.replace(m, key=f"{m.key}+ts{order}", label=f"{m.label} + TaylorSeer o{order}",
                                                values=values, taylorseer=order))
+        if spectrum is not None:
+            values = [v for v in m.values if v != m.zero] or list(m.values)
+            methods.append(dataclasses.replace(m, key=f"{m.key}+spectrum",
+                                               label=f"{m.label} + {names.get(SPECTRUM, SPECTRUM)}", values=values,
+                                               estimator=spectrum))
 
     for node_id in sorted(mappings):
         cls = mappings[node_id]
-        if not node_id.startswith(PACK_PREFIX) or node_id == TAYLORSEER or CHAIN_TYPE not in return_types(cls):
+        if (not node_id.startswith(PACK_PREFIX) or node_id in (TAYLORSEER, SPECTRUM)
+                or CHAIN_TYPE not in return_types(cls)):
             continue
         inputs = _inputs(cls)
         param = "interval" if "interval" in inputs else "threshold" if "threshold" in inputs else None
@@ -350,13 +410,21 @@ def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
             continue
         params = [n for n, (_, s) in inputs.items() if s[0] == "FLOAT" and "thresh" in n.lower()]
         param = params[0] if params else None
-        fixed, links = widget_defaults(cls, skip=(param, "model"), prefer="flux")  # the bench's models are Flux
-        links = [n for n in links if n != "model"]
+        knobs = [k for k in SCHEDULE_GRID if k in inputs]
+        schedule = param is None and all(k in knobs for k in SCHEDULE_OFF)
+        fixed, links = widget_defaults(cls, skip=(param, "model", *(knobs if schedule else ())), prefer="flux")
+        links = [n for n in links if n != "model"]  # the bench's models are Flux: "flux" preferred in lists
         if links:
             skipped.append({"node": node_id, "source": source, "why": f"needs linked inputs {links}"})
             continue
+        label = f"{names.get(node_id, node_id)} ({source})"
+        if schedule:
+            values = schedule_grid(cls, knobs, config)
+            methods.append(Method(f"peer:{node_id}", label, node_id, source, node_id, "schedule", values, fixed,
+                                  kind="model", zero=values[0]))
+            continue
         values = sweep(node_id.lower(), cls, param) if param else [None]
-        methods.append(Method(f"peer:{node_id}", f"{names.get(node_id, node_id)} ({source})", node_id, source,
+        methods.append(Method(f"peer:{node_id}", label, node_id, source,
                               node_id, param, values, fixed, kind="model", zero=0.0 if param else None))
 
     for m in methods:

@@ -114,12 +114,23 @@ def _group(curve: dict):
     method, which forecasts with TaylorSeer order 1 itself, with order 1)."""
     if curve["source"] != "pack":
         return "peer"
+    if curve.get("estimator"):
+        return "spectrum"
     if curve["taylorseer"] is None and curve.get("kind") == "planned":
         return 1
     return curve["taylorseer"]
 
 
-GROUP_TITLES = {None: "no forecast (reuse)", 1: "+ TaylorSeer order 1", 2: "+ TaylorSeer order 2"}
+def front(rows: list[dict]) -> list[dict]:
+    """The settings of a grid sweep that no other one beats (as little work or less and as high a PSNR or
+    higher, better in one), from the most work to the least: the curve a grid is drawn as."""
+    kept = [r for r in rows if not any(o is not r and o["work"] <= r["work"] and o["psnr"] >= r["psnr"]
+                                       and (o["work"] < r["work"] or o["psnr"] > r["psnr"]) for o in rows)]
+    return sorted(kept, key=lambda r: -r["work"])
+
+
+GROUP_TITLES = {None: "no forecast (reuse)", 1: "+ TaylorSeer order 1", 2: "+ TaylorSeer order 2",
+                "spectrum": "+ Spectrum Forecast"}
 
 
 def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
@@ -128,7 +139,8 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
     for steps in steps_list:
         for r in results["digits"][steps]["rows"]:
             curves.setdefault(r["method"], {"method": r["method"], "family": r["family"], "source": r["source"],
-                                            "taylorseer": r["taylorseer"], "kind": r.get("kind")})
+                                            "taylorseer": r["taylorseer"], "kind": r.get("kind"),
+                                            "estimator": r.get("estimator")})
     style, families = styles(list(curves.values()))
     groups = [g for g in (None, 1, 2) if any(_group(c) == g for c in curves.values())] or [None]
     for c in curves.values():  # other orders (0) get their own column
@@ -228,6 +240,9 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
                         d.ellipse([x - 5 * s, y - 5 * s, x + 5 * s, y + 5 * s], outline=colour, width=s)
                     else:
                         _marker(d, x, y, marker, colour, 6 * s)
+            for m, rs in by_curve.items():
+                if any(isinstance(r.get("value"), dict) for r in rs):  # a grid (a peer's schedule): its front
+                    by_curve[m] = front(rs)
             order = sorted(by_curve, key=lambda m: curves[m]["source"] == "pack")  # pack curves on top
             for m in order:
                 colour, dash, marker, lw_ = style[m]
@@ -245,7 +260,9 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
     # legend: method colours, then the line/marker code, then the peers
     ly = title_h + len(steps_list) * ph + 4
     note = ("Colour = method. Solid/circle: cached result reused; dashed/square: TaylorSeer order 1 forecast; "
-            "dotted/triangle: order 2. PSNR above 60 dB is drawn at 60; open circles on the bottom edge: below 20 dB.")
+            "dotted/triangle: order 2. A peer swept over a grid of settings (a Spectrum port's schedule) is drawn as "
+            "the settings none of its others beats. PSNR above 60 dB is drawn at 60; open circles on the bottom "
+            "edge: below 20 dB.")
     note_lines = _wrap(d, note, small, (width - margin_l - margin_r) * s)
     for k, line in enumerate(note_lines):
         d.text((margin_l * s, (ly + 18 * k) * s), line, fill="black", font=small)

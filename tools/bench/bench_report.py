@@ -210,7 +210,8 @@ def targets_table(results: dict, steps: str) -> list[str]:
     vs_fs = w.get("vs_fewer_steps", {})
     for method, t in targets.items():
         where = settings.get(method, {})
-        cells = [fmt_pct(t[f"{x:g}"]) + (f" ({where[f'{x:g}']:g})" if where.get(f"{x:g}") is not None else "")
+        cells = [fmt_pct(t[f"{x:g}"]) + (f" ({fmt_setting(where[f'{x:g}'])})" if where.get(f"{x:g}") is not None
+                                         else "")
                  + (f"; {fmt_vs_fewer(vs_fs[method][f'{x:g}'])}" if method in vs_fs else "")
                  for x in TARGETS]
         for p in peers:
@@ -219,6 +220,13 @@ def targets_table(results: dict, steps: str) -> list[str]:
             cells.append(_fmt_versus(over.get(method)))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
+
+
+def fmt_setting(value) -> str:
+    """A best setting in the targets table: a number, or a schedule's inputs (several at once)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in value.items())
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
 def _fmt_versus(v: dict | None) -> str:

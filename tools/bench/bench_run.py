@@ -79,13 +79,19 @@ def build_prompt(config: Config, wl: Workload, method: Method | None, value, ste
             prompt["m_taylorseer"] = {"class_type": TAYLORSEER,
                                       "inputs": {"order": method.taylorseer, "interceptors": ["m_config", 0]}}
             chain = "m_taylorseer"
+        elif method.estimator is not None:
+            node, fixed = method.estimator
+            prompt["m_estimator"] = {"class_type": node, "inputs": {**fixed, "interceptors": ["m_config", 0]}}
+            chain = "m_estimator"
     elif method is not None and method.kind == "planned":
         prompt["m_plan"] = {"class_type": "BenchChain", "inputs": {"key": method.fixed["chain_key"]}}
         chain, sampler = "m_plan", "CachedSampler"
     elif method is not None:
         inputs = dict(method.fixed)
         inputs["model"] = ["work", 0]
-        if method.param is not None:
+        if isinstance(value, dict):  # a setting of several inputs (a peer's schedule)
+            inputs.update(value)
+        elif method.param is not None:
             inputs[method.param] = value
         prompt["m_patch"] = {"class_type": method.node, "inputs": inputs}
         model = "m_patch"
@@ -324,7 +330,8 @@ class Bench:
 
     def _row(self, method: Method, value) -> dict:
         return {"method": method.label, "key": method.key, "family": method.family, "source": method.source,
-                "node": method.node, "kind": method.kind, "taylorseer": method.taylorseer, "param": method.param,
+                "node": method.node, "kind": method.kind, "taylorseer": method.taylorseer,
+                "estimator": method.estimator[0] if method.estimator else None, "param": method.param,
                 "value": value, "setting": method.describe(value), "error": None}
 
     def calibration(self, wl: Workload, node_id: str, steps: int, inputs: dict) -> dict:
@@ -533,8 +540,8 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
     from devkit import comfy_harness
     results = {
         "meta": {
-            "command": "python3 tools/bench/bench.py" + (" --quick" if config.quick else "")
-                       + (f" --device {config.device}" if config.device != "cpu" else ""),
+            "command": config.command or ("python3 tools/bench/bench.py" + (" --quick" if config.quick else "")
+                                          + (f" --device {config.device}" if config.device != "cpu" else "")),
             "device": config.device,
             "date": datetime.date.today().isoformat(),
             "platform": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores",

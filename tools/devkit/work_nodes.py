@@ -9,6 +9,10 @@ caching method sees the model, so:
 * its ``OUTER_SAMPLE`` wrapper is the outermost one and times the whole sampling run; the block counters
   also time the blocks themselves, so the time spent around them (sampler, embedders, every hook) is
   known separately.
+
+A method that puts its own ``patches_replace["dit"]`` entries over the counters (instead of chaining to them,
+as some other packs' nodes do) would show no block work at all: for a forward where no counter ran, the blocks
+are counted by forward hooks on the block modules themselves (held only while a sampling run lasts).
 """
 from __future__ import annotations
 
@@ -40,15 +44,49 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
 
     on_gpu = comfy.model_management.get_torch_device().type == "cuda"
 
+    modules = {"blocks": 0, "rows": 0, "first": 0, "seconds": 0.0, "cpu_seconds": 0.0, "started": []}
+
+    def module_hooks():
+        """Forward hooks counting every block module call into ``modules`` (the fallback, see above)."""
+        diffusion = getattr(getattr(m, "model", None), "diffusion_model", None)
+        handles = []
+
+        def before(module, args, kwargs, is_first=False):
+            stream = kwargs.get("img", kwargs.get("x", args[0] if args else None))
+            modules["blocks"] += 1
+            modules["rows"] += stream.shape[0] if isinstance(stream, torch.Tensor) else 0
+            modules["first"] += int(is_first)
+            modules["started"].append((time.perf_counter(), time.process_time()))
+
+        def after(module, args, output):
+            if modules["started"]:
+                started, cpu_started = modules["started"].pop()
+                modules["seconds"] += time.perf_counter() - started
+                modules["cpu_seconds"] += time.process_time() - cpu_started
+
+        for name, n in groups.items():
+            blocks = getattr(diffusion, name + "s", None)
+            if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) != n:
+                continue
+            for i, block in enumerate(blocks):
+                is_first = name == first and i == 0
+                handles.append(block.register_forward_pre_hook(
+                    lambda mod, a, k, f=is_first: before(mod, a, k, f), with_kwargs=True))
+                handles.append(block.register_forward_hook(after))
+        return handles
+
     def timed_sample(executor, *args, **kwargs):
         # On a GPU the work is queued: CUDA events around the run time it on the device's own clock.
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if on_gpu else None
         if events:
             events[0].record()
         started, cpu_started = time.perf_counter(), time.process_time()
+        handles = module_hooks()
         try:
             return executor(*args, **kwargs)
         finally:
+            for handle in handles:
+                handle.remove()
             if events:
                 events[1].record()
                 events[1].synchronize()
@@ -73,9 +111,17 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
         record["negative_entries"].append(tuple(u for u, b in zip(uuids, branches) if b == 1))
         window = getattr(options.get("context_window"), "index_list", None)
         blocks_before = record["blocks"]
+        seen = dict(modules)
         try:
             return executor(x.clone() if copy_input else x, *args, **kwargs)
         finally:
+            if record["blocks"] == blocks_before and modules["blocks"] > seen["blocks"]:
+                # no counter ran but block modules did: the method replaced the counters (see above)
+                record["blocks"] += modules["blocks"] - seen["blocks"]
+                record["block_rows"] += modules["rows"] - seen["rows"]
+                record["block_forwards"] += modules["first"] - seen["first"]
+                record["block_seconds"] += modules["seconds"] - seen["seconds"]
+                record["block_cpu_seconds"] += modules["cpu_seconds"] - seen["cpu_seconds"]
             record["forward_log"].append((record["evaluations"], tuple(window) if window is not None else None,
                                           record["blocks"] - blocks_before))
 
