@@ -2,12 +2,14 @@
 
 The pack's second bundled model, with motion: a small but *real* video diffusion model built from
 ComfyUI's own Wan classes (``comfy.supported_models.WAN21_T2V`` -> ``comfy.model_base.WAN21`` ->
-``comfy.ldm.wan.model.WanModel``, FLOW model type, multiplier 1000, shift 8), so that caching is also
-measured on a model whose output changes between frames, not only on one smooth image model.
+``comfy.ldm.wan.model.WanModel``, FLOW model type, multiplier 1000; shift 3 for the small clip), so that
+caching is also measured on a model whose output changes between frames, not only on one smooth image
+model.
 
 * **Data** (:func:`make_videos`): 8 frames of 32x32 RGB. One coloured shape (a disc or a square of the
-  same area, soft edges, random hue, size and position) moves 2 pixels a frame in one of four directions
-  over a black background. The class (8 of them) is the shape and the direction: ``CLASS_NAMES``.
+  same area, soft edges, its class's hue, random size) moves 2.4 pixels a frame in one of four directions
+  across most of a black background, from near one edge at a random place along it. The class (8 of them)
+  is the shape and the direction: ``CLASS_NAMES``.
 * **"VAE"** (:func:`decode`): a fixed, lossy linear decoder. Each latent position holds 16 channels that
   are the coefficients of 16 orthonormal patterns of a 4x4 RGB patch (48 values): the 10 lowest spatial
   frequencies (2-D DCT) of the luminance and the 3 lowest of each of two colour-difference channels. Encoding
@@ -68,7 +70,7 @@ PATCH = 4              # pixels per latent position (each side)
 LATENT_CHANNELS = 16
 LATENT_SIZE = PIXELS // PATCH
 IMAGE_SIZE = 64        # decoded IMAGE side (nearest x2 of the 32x32 frames)
-SPEED = 2.0            # pixels per frame
+SPEED = 2.4            # pixels per frame
 _STEP = {"right": (1.0, 0.0), "left": (-1.0, 0.0), "down": (0.0, 1.0), "up": (0.0, -1.0)}  # (dx, dy)
 
 
@@ -100,13 +102,13 @@ def make_videos(labels, generator=None):
     def u(lo, hi):
         return lo + (hi - lo) * torch.rand(n, generator=g)
 
-    radius = u(4.0, 6.0)
+    radius = u(4.5, 6.0)
     travel = SPEED * (FRAMES - 1)
     direction = labels % len(DIRECTIONS)
     step = torch.tensor([_STEP[d] for d in DIRECTIONS])[direction]  # [B, 2]
     margin = radius + 1.0
-    # start so the whole path stays inside the frame
-    along = margin + (PIXELS - 2 * margin - travel) * torch.rand(n, generator=g)
+    # start near the frame's edge so that the whole path (most of the frame) stays inside it
+    along = margin + (PIXELS - 2 * margin - travel).clamp_min(0.0) * torch.rand(n, generator=g)
     across = margin + (PIXELS - 2 * margin) * torch.rand(n, generator=g)
     horizontal = step[:, 0] != 0
     start_x = torch.where(horizontal, torch.where(step[:, 0] > 0, along, PIXELS - along), across)
@@ -115,7 +117,8 @@ def make_videos(labels, generator=None):
     cx = start_x.view(-1, 1) + step[:, :1] * t
     cy = start_y.view(-1, 1) + step[:, 1:] * t
     alpha = _shape_alpha(labels // len(DIRECTIONS) == 1, cx, cy, radius)  # [B, T, H, W]
-    colour = _hsv_to_rgb(torch.rand(n, generator=g), u(0.6, 1.0), u(0.75, 1.0))  # [B, 3]
+    hue = (labels.float() / NUM_CLASSES + 0.04 * (torch.rand(n, generator=g) - 0.5)) % 1.0  # a hue per class
+    colour = _hsv_to_rgb(hue, u(0.7, 1.0), u(0.8, 1.0))  # [B, 3]
     return alpha[:, :, None] * colour.view(n, 1, 3, 1, 1)
 
 
@@ -205,10 +208,18 @@ class VideoVAE:
 
 # ---------------------------------------------------------------- model ----
 
+SHIFT = 3.0  # the sampling shift: Wan 2.1's 8 is for 480p, a lower one suits a 32x32 clip
+
+
+@functools.lru_cache(maxsize=1)
 def _config_class():
+    """ComfyUI's Wan 2.1 text-to-video config (its model class, latent format, state-dict conversion), with
+    the sampling shift of this tiny clip instead of 480p's."""
     import comfy.supported_models
 
-    return comfy.supported_models.WAN21_T2V
+    wan = comfy.supported_models.WAN21_T2V
+    return type("TinyWanVideo", (wan,), {"__doc__": "Tiny Wan 2.1 trained on moving shapes.",
+                                         "sampling_settings": {**wan.sampling_settings, "shift": SHIFT}})
 
 
 def init_weights(diffusion_model, std=0.02, seed=None):
@@ -232,7 +243,7 @@ def init_weights(diffusion_model, std=0.02, seed=None):
 
 def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.float32, seed=0):
     """Build the tiny Wan model through ComfyUI's real classes: a ``ModelPatcher`` wrapping
-    ``comfy.model_base.WAN21`` (``WAN21_T2V``'s config, FLOW, shift 8) computing in ``dtype``."""
+    ``comfy.model_base.WAN21`` (a ``WAN21_T2V`` config with shift 3, FLOW) computing in ``dtype``."""
     import comfy.model_patcher
 
     config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
@@ -358,6 +369,18 @@ def class_accuracy(videos, labels):
     right_dir = direction == labels % len(DIRECTIONS)
     right = right_dir & (shape == labels // len(DIRECTIONS))
     return float(right.float().mean()), float(right_dir.float().mean())
+
+
+def hue_classes(videos):
+    """The class [B] whose hue is nearest to that of each video's brightest pixels (every class has its own)."""
+    v = videos.float()
+    m = _mass(v)
+    bright = (m > 0.5 * m.flatten(1).amax(1).view(-1, 1, 1, 1)).float()
+    rgb = (v * bright[:, :, None]).sum(dim=(1, 3, 4)) / bright.sum(dim=(1, 2, 3)).clamp_min(1.0)[:, None]
+    r, g, b = rgb.unbind(-1)
+    hue = torch.atan2(math.sqrt(3.0) * (g - b), 2.0 * r - g - b) / (2.0 * math.pi) % 1.0
+    reference = torch.arange(NUM_CLASSES, dtype=torch.float32) / NUM_CLASSES
+    return ((hue[:, None] - reference[None, :] + 0.5) % 1.0 - 0.5).abs().argmin(dim=1)
 
 
 def motion(videos):
