@@ -1,4 +1,5 @@
-"""Demo nodes for the bundled tiny model: a class-conditional Flux trained on 8x8 digits.
+"""Demo nodes for the bundled tiny models: a class-conditional Flux trained on 8x8 digits, and a
+class-conditional Wan 2.1 video model trained on moving shapes.
 
 They let the example workflows, the headless demo and the browser test run anywhere in seconds,
 through ComfyUI's real Flux code and sampling loop. Not meant for real images.
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from . import digits_model
+from . import digits_model, video_model
 from .common import CATEGORY, PREFIX
 
 
@@ -63,4 +64,35 @@ class DigitsDecode(io.ComfyNode):
         return io.NodeOutput(digits_model.decode(samples["samples"].float()))
 
 
-DEMO_NODES = [DigitsModel, DigitsDecode]
+class VideoModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=f"{PREFIX}VideoModel",
+            display_name="Tiny Video Model (demo)",
+            category=f"{CATEGORY}/demo",
+            description=("Loads the pack's bundled tiny Wan 2.1 video model (1M parameters, trained on moving "
+                         "shapes: 8 frames of 32x32) with class conditioning, an empty video latent and its fixed "
+                         "lossy decoder: a complete text-to-video setup that samples in seconds on a CPU, for "
+                         "trying caching settings on a model with motion."),
+            inputs=[io.String.Input("classes", default="01234567", tooltip=(
+                "Which videos to make, one each (the batch), by class: 0-3 a square moving right, left, down, "
+                "up; 4-7 a disc moving right, left, down, up. E.g. \"01234567\" or \"444\"."))],
+            outputs=[io.Model.Output(display_name="MODEL", tooltip="The tiny Wan 2.1 model."),
+                     io.Conditioning.Output(display_name="positive", tooltip="Class conditioning per video."),
+                     io.Conditioning.Output(display_name="negative", tooltip="Unconditional (for CFG)."),
+                     io.Latent.Output(display_name="LATENT", tooltip="An empty 8-frame video latent per class."),
+                     io.Vae.Output(display_name="VAE", tooltip=(
+                         "The model's fixed lossy decoder, for VAE Decode (8 frames of 64x64 per video, in "
+                         "order) or Auto Calibrate's vae input."))],
+        )
+
+    @classmethod
+    def execute(cls, classes: str) -> io.NodeOutput:
+        labels = video_model.parse_classes(classes, "Tiny Video Model (demo)")
+        positive, negative = video_model.class_conditioning(labels)
+        latent = {"samples": video_model.empty_latent(len(labels))}
+        return io.NodeOutput(video_model.load_model(), positive, negative, latent, video_model.VideoVAE())
+
+
+DEMO_NODES = [DigitsModel, DigitsDecode, VideoModel]

@@ -13,10 +13,13 @@ Everything runs through ComfyUI's executor on API-format prompts, in one process
 * wall-clock speedup against the uncached run, alternating baseline and method runs, medians;
 * per-step overhead when nothing is skipped, on a heavier random-weight Flux whose forward dominates.
 
-Writes bench/results.md, bench/results.json and bench/pareto.png (see docs/measured-results.md).
+Writes bench/results.md, bench/results.json and bench/pareto.png (see docs/measured-results.md). With
+``--model video`` the same rows are measured on the pack's tiny Wan 2.1 video model (moving shapes, one video
+per class, 28 steps) into bench/results_video.md, results_video.json and pareto_video.png.
 
     python3 tools/bench/bench.py            # the full bench (about 10-15 minutes on 2 CPU cores)
     python3 tools/bench/bench.py --quick    # a 1-2 minute smoke run
+    python3 tools/bench/bench.py --model video
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The bench in parts: which methods (bench_discover), running them (bench_run), analysis and report
 # (bench_report); this file is the command line.
 from bench_discover import DBCACHE_PRESETS, QUICK_SWEEPS, SCHEDULE_GRID, SWEEPS, Config, Method  # noqa: E402,F401
-from bench_report import analyse, load_results, markdown, write_outputs  # noqa: E402
+from bench_report import analyse, load_results, markdown, output_names, per_steps, write_outputs  # noqa: E402
 from bench_run import Bench, run_bench  # noqa: E402,F401  (Bench, Method: for tests)
 
 
@@ -59,6 +62,9 @@ def parse_args(argv=None) -> Config:
     p.add_argument("--dbcache-presets", help="DBCache presets, comma-separated (default F1B1; known: "
                    + ", ".join(DBCACHE_PRESETS) + ")")
     p.add_argument("--seed", type=int)
+    p.add_argument("--model", choices=["digits", "video"], default="digits",
+                   help="the measured model: the tiny Flux digits model, or the tiny Wan 2.1 video model (moving "
+                        "shapes; 28 steps unless --steps, no overhead workload, results_video.* files)")
     p.add_argument("--no-overhead", action="store_true", help="skip the heavy-model overhead workload")
     p.add_argument("--overhead-repeats", type=int, help="timing rounds on the heavy model (default 5)")
     p.add_argument("--overhead-steps", type=int, help="steps on the heavy model (default 8)")
@@ -85,6 +91,10 @@ def parse_args(argv=None) -> Config:
         c.overhead_steps = 4
         c.dbcache_presets = ["F1B1"]
         c.extend = 0
+    c.model = a.model
+    if a.model == "video":
+        c.steps = [28]
+        c.overhead = False  # measured on the heavy random-weight Flux, whatever model is measured
     if a.extend is not None:
         c.extend = a.extend
     if a.steps is not None:
@@ -144,16 +154,18 @@ def main(argv=None) -> int:
     if config.replot:
         results = load_results(Path(config.replot))
         results["meta"].pop("plot", None)
-        for w in results["digits"].values():
+        for w in per_steps(results).values():
             w.update(analyse(w["rows"], w.get("fewer_steps")))
         write_outputs(results, Path(config.out), config.plot)
-        print(f"bench: rewrote {config.out}/results.md" + (", pareto.png" if results["meta"].get("plot") else ""))
+        md_name, _, plot_name = output_names(results)
+        print(f"bench: rewrote {config.out}/{md_name}" + (f", {plot_name}" if results["meta"].get("plot") else ""))
         return 0
     results = run_bench(config)
     print()
     print(markdown(results))
-    print(f"\nbench: wrote {config.out}/results.md, results.json" + (", pareto.png" if results["meta"].get("plot")
-                                                                      else "")
+    md_name, json_name, plot_name = output_names(results)
+    print(f"\nbench: wrote {config.out}/{md_name}, {json_name}" + (f", {plot_name}" if results["meta"].get("plot")
+                                                                   else "")
           + f" in {results['meta']['seconds'] / 60:.1f} min")
     return 0
 

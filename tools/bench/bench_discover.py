@@ -94,6 +94,8 @@ class Config:
     scheduler: str = "simple"
     seed: int = 0
     digits: str = "0123456789"
+    model: str = "digits"                # "digits" (the tiny Flux) or "video" (the tiny Wan 2.1 video model)
+    classes: str = "01234567"            # the video model's classes, one video each
     repeats: list = dataclasses.field(default_factory=lambda: [1])  # timing rounds per step count (last repeats)
     taylorseer: list = dataclasses.field(default_factory=lambda: [1, 2])
     spectrum: bool = True                # also chain the pack's Spectrum Forecast after each pack decider

@@ -10,13 +10,17 @@ from devkit.work_nodes import CaptureLatent, CountWork, capture_node
 
 
 def block_groups(model) -> dict[str, int]:
-    """``{patches_replace["dit"] name: block count}`` of a ComfyUI Flux-like model."""
+    """``{patches_replace["dit"] name: block count}`` of a ComfyUI Flux-like model, or of a Wan model (its
+    ``blocks`` are hooked as "double_block")."""
     diffusion = model.model.diffusion_model
     groups = {}
     for name, attribute in (("double_block", "double_blocks"), ("single_block", "single_blocks")):
         blocks = getattr(diffusion, attribute, None)
         if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
             groups[name] = len(blocks)
+    blocks = getattr(diffusion, "blocks", None)
+    if not groups and isinstance(blocks, torch.nn.ModuleList) and len(blocks):
+        groups["double_block"] = len(blocks)
     return groups
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from bench_report import per_steps
+
 SCALE = 2  # drawn at twice the size, then downsampled: smooth lines without an antialiasing API
 PALETTE = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14), (23, 190, 207),
            (140, 86, 75), (227, 119, 194), (188, 189, 34)]
@@ -134,10 +136,10 @@ GROUP_TITLES = {None: "no forecast (reuse)", 1: "+ TaylorSeer order 1", 2: "+ Ta
 
 
 def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
-    steps_list = list(results["digits"])
+    steps_list = list(per_steps(results))
     curves: dict[str, dict] = {}
     for steps in steps_list:
-        for r in results["digits"][steps]["rows"]:
+        for r in per_steps(results)[steps]["rows"]:
             curves.setdefault(r["method"], {"method": r["method"], "family": r["family"], "source": r["source"],
                                             "taylorseer": r["taylorseer"], "kind": r.get("kind"),
                                             "estimator": r.get("estimator")})
@@ -155,7 +157,7 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
     peers = [c for c in curves.values() if c["source"] != "pack"]
     legend_items = [(f, PALETTE[i % len(PALETTE)], None, "circle", 2) for i, f in enumerate(families)]
     legend_items += [(c["method"], *style[c["method"]]) for c in peers]
-    if any(results["digits"][st].get("fewer_steps") for st in steps_list):
+    if any(per_steps(results)[st].get("fewer_steps") for st in steps_list):
         legend_items.append((FEWER_STEPS_LABEL, *FEWER_STEPS_STYLE))
     width = len(groups) * pw
     probe = ImageDraw.Draw(Image.new("RGB", (8, 8)))
@@ -167,13 +169,15 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
     d = ImageDraw.Draw(img)
     title_font, font, small = _font(20), _font(15), _font(13)
     meta = results["meta"]
-    title = (f"PSNR against transformer-block work: tiny Flux digits model, {meta['sampler']}, cfg {meta['cfg']:g}, "
-             f"batch {len(meta['digits'])}, seed {meta['seed']}")
+    video = meta.get("model", "digits") == "video"
+    title = (f"PSNR against transformer-block work: tiny {'Wan 2.1 video' if video else 'Flux digits'} model, "
+             f"{meta['sampler']}, cfg {meta['cfg']:g}, batch {len(meta['classes'] if video else meta['digits'])}, "
+             f"seed {meta['seed']}")
     tw, _ = _text_size(d, title, title_font)
     d.text(((width * s - tw) / 2, 10 * s), title, fill="black", font=title_font)
 
     for row_i, steps in enumerate(steps_list):
-        rows = results["digits"][steps]["rows"]
+        rows = per_steps(results)[steps]["rows"]
         for col_i, group in enumerate(groups):
             ox, oy = col_i * pw, title_h + row_i * ph
             x0, x1 = ox + margin_l, ox + pw - margin_r
@@ -228,7 +232,7 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
                 g = _group(curves[r["method"]])
                 if g == group or g == "peer":
                     by_curve.setdefault(r["method"], []).append(r)
-            fewer = sorted((r for r in results["digits"][steps].get("fewer_steps") or []
+            fewer = sorted((r for r in per_steps(results)[steps].get("fewer_steps") or []
                             if not r.get("error") and r.get("work") is not None and r.get("psnr") is not None),
                            key=lambda r: -r["work"])
             if fewer:  # from the full-step run itself (work 1, the same output) down to the fewest steps

@@ -13,6 +13,39 @@ FEWER_STEPS = "fewer steps (uncached)"  # the baseline: the uncached sampler at 
 
 # ------------------------------------------------------------------------------- analysis ----
 
+def per_steps(results: dict) -> dict:
+    """The measured model's results by step count (stored under the model's name: "digits" or "video")."""
+    return results[results["meta"].get("model", "digits")]
+
+
+def output_names(results: dict) -> tuple[str, str, str]:
+    """File names of the report, the data and the plot: results.md/json and pareto.png for the digits model,
+    with the model's name appended for another one (results_video.md ...)."""
+    model = results["meta"].get("model", "digits")
+    tail = "" if model == "digits" else "_" + model
+    return f"results{tail}.md", f"results{tail}.json", f"pareto{tail}.png"
+
+
+def _workload_text(results: dict) -> str:
+    meta = results["meta"]
+    if meta.get("model", "digits") == "video":
+        return (f"Workload: the pack's tiny Wan 2.1 video model trained on moving shapes (Tiny Video Model node), "
+                f"one 8-frame 32x32 video per class (batch {len(meta['classes'])}), {meta['sampler']}/"
+                f"{meta['scheduler']}, cfg {meta['cfg']:g}, seed {meta['seed']}, decoded by its fixed lossy "
+                f"decoder. ")
+    return (f"Workload: the pack's tiny Flux trained on 8x8 digits (Tiny Digits Model node), one image per class "
+            f"(batch {len(meta['digits'])}), {meta['sampler']}/{meta['scheduler']}, cfg {meta['cfg']:g}, seed "
+            f"{meta['seed']}. ")
+
+
+def _accuracy_text(results: dict) -> str:
+    if results["meta"].get("model", "digits") == "video":
+        return ("the decoded frames against the uncached run (every frame of every video); k-NN column = share of "
+                "videos whose shape and direction of motion, recovered from the decoded frames, are the prompted "
+                "class (uncached: ")
+    return ("the decoded images against the uncached run; k-NN = share of digits a k-NN on sklearn's digits "
+            "recognises as the prompted class (uncached: ")
+
 def best_point(rows: list[dict], level: float) -> tuple[float, dict | None]:
     """The largest work reduction among ``rows`` with PSNR >= level, and its row (0 and None when only the
     uncached run qualifies: every method reproduces it with caching switched off)."""
@@ -129,21 +162,17 @@ def markdown(results: dict) -> str:
         + (f", pack at {meta['pack_commit']}" if meta.get("pack_commit") else "")
         + f"; total {meta['seconds'] / 60:.1f} min.",
         "",
-        f"Workload: the pack's tiny Flux trained on 8x8 digits (Tiny Digits Model node), one image per class "
-        f"(batch {len(meta['digits'])}), {meta['sampler']}/{meta['scheduler']}, cfg {meta['cfg']:g}, seed "
-        f"{meta['seed']}. **Work** = transformer-block executions times the batch rows they ran on, counted "
+        _workload_text(results) + "**Work** = transformer-block executions times the batch rows they ran on, counted "
         f"on the model, relative to the uncached run (whole-forward skips run no block; a block run on the "
         f"positive rows only, as the Guidance Cache does, counts half). **Speedup** = wall-clock sampling time of the uncached "
         f"run / this run (baseline and method runs alternated, each method run against the mean of the baseline "
         f"runs around it; median over " + ", ".join(f"{r} at {s} steps" for s, r in _rounds(meta)) + " rounds). "
-        "PSNR/SSIM of "
-        f"the decoded images against the uncached run; k-NN = share of digits a k-NN on sklearn's digits "
-        f"recognises as the prompted class (uncached: "
-        + ", ".join(f"{s} steps {fmt_pct(w['baseline']['knn_accuracy'])}" for s, w in results["digits"].items())
+        "PSNR/SSIM of " + _accuracy_text(results)
+        + ", ".join(f"{s} steps {fmt_pct(w['baseline']['knn_accuracy'])}" for s, w in per_steps(results).items())
         + ").",
         "",
     ]
-    for steps, w in results["digits"].items():
+    for steps, w in per_steps(results).items():
         lines += [f"## Best work reduction at a PSNR target, {steps} steps", "",
                   "Largest share of block work saved by any swept setting whose output stays at or above the "
                   "PSNR (dB). *vs EasyCache / LazyCache*: over every PSNR level 30, 31, ..., 45 dB, at how many "
@@ -160,7 +189,7 @@ def markdown(results: dict) -> str:
     lines += overhead_table(results)
     lines.append("")
     lines += tiny_overhead_table(results)
-    for steps, w in results["digits"].items():
+    for steps, w in per_steps(results).items():
         b = w["baseline"]
         lines += [f"## Full sweep, {steps} steps", "",
                   f"Uncached: {b['seconds']:.2f} s per run, {b['forwards']} forwards, {b['blocks']} block executions, "
@@ -190,7 +219,7 @@ def _fewer_span(w: dict) -> str:
 
 
 def targets_table(results: dict, steps: str) -> list[str]:
-    w = results["digits"][steps]
+    w = per_steps(results)[steps]
     targets, versus = w["targets"], w["versus"]
     peers = sorted({p for v in versus.values() for p in v})
     over = w.get("versus_fewer_steps")
@@ -274,16 +303,16 @@ def overhead_table(results: dict) -> list[str]:
 
 def tiny_overhead_table(results: dict) -> list[str]:
     """The same measure on the digits model, from the sweep's settings that skip nothing."""
-    steps_list = list(results["digits"])
+    steps_list = list(per_steps(results))
     per_method: dict[str, dict] = {}
     for steps in steps_list:
-        for r in results["digits"][steps]["rows"]:
+        for r in per_steps(results)[steps]["rows"]:
             if r.get("overhead_ms_per_step") is not None:
                 per_method.setdefault(r["method"], {})[steps] = r
     if not per_method:
         return []
-    base = {s: results["digits"][s]["baseline"]["seconds"] * 1000 / int(s) for s in steps_list}
-    lines = ["On the digits model itself, where a step takes only "
+    base = {s: per_steps(results)[s]["baseline"]["seconds"] * 1000 / int(s) for s in steps_list}
+    lines = [f"On the {results['meta'].get('model', 'digits')} model itself, where a step takes only "
              + ", ".join(f"{base[s]:.0f} ms ({s} steps)" for s in steps_list)
              + ", the same measure from the sweep's settings that skip nothing (one round, so rougher):", "",
              "| Method | " + " | ".join(f"{s} steps" for s in steps_list) + " |",
@@ -344,15 +373,16 @@ def load_results(path: Path) -> dict:
 
 def write_outputs(results: dict, out: Path, plot: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    md_name, json_name, plot_name = output_names(results)
     if plot:
         try:
             import bench_plot
-            bench_plot.pareto(results, out / "pareto.png")
-            results["meta"]["plot"] = "pareto.png"
+            bench_plot.pareto(results, out / plot_name)
+            results["meta"]["plot"] = plot_name
         except Exception as e:  # the numbers matter more than the picture
             results["meta"]["plot_error"] = f"{type(e).__name__}: {e}"
     text = markdown(results)
     if results["meta"].get("plot"):
-        text = text.replace("## Overhead", "![PSNR against block work](pareto.png)\n\n## Overhead", 1)
-    (out / "results.md").write_text(text + "\n")
-    (out / "results.json").write_text(json.dumps(_json_safe(results), indent=1, allow_nan=False) + "\n")
+        text = text.replace("## Overhead", f"![PSNR against block work]({plot_name})\n\n## Overhead", 1)
+    (out / md_name).write_text(text + "\n")
+    (out / json_name).write_text(json.dumps(_json_safe(results), indent=1, allow_nan=False) + "\n")

@@ -54,6 +54,16 @@ def digits_workload(config: Config) -> Workload:
     return Workload("digits", nodes, ["digits", 0], ["digits", 1], ["digits", 2], ["digits", 3], ["digits", 4])
 
 
+def video_workload(config: Config) -> Workload:
+    nodes = {"video": {"class_type": "CachedSamplerVideoModel", "inputs": {"classes": config.classes}}}
+    return Workload("video", nodes, ["video", 0], ["video", 1], ["video", 2], ["video", 3])
+
+
+def measured_workload(config: Config) -> Workload:
+    """The model the bench measures: the digits model, or the video model (``config.model``)."""
+    return video_workload(config) if config.model == "video" else digits_workload(config)
+
+
 def heavy_workload(config: Config) -> Workload:
     nodes = {
         "heavy": {"class_type": "BenchRandomFlux", "inputs": dict(config.overhead_model)},
@@ -128,6 +138,7 @@ class Bench:
         self.nodes = nodes
         bench_nodes.register(nodes, comfy.pack.__name__)
         self.digits_model = comfy.module("nodes.digits_model")
+        self.video_model = comfy.module("nodes.video_model") if config.model == "video" else None
         self.executor = comfy.executor(cache=True)
         self._n = 0
 
@@ -169,13 +180,26 @@ class Bench:
             row["traceback"] = traceback.format_exc(limit=4)
         return None
 
-    # -- quality / work / speed on the digits model --------------------------------------------------
+    # -- quality / work / speed on the measured model -----------------------------------------------
+    def decode(self, latent: torch.Tensor) -> torch.Tensor:
+        """The measured model's decoded images (for the video model: every frame of every video)."""
+        model = self.video_model or self.digits_model
+        return model.decode(latent.float())
+
+    def accuracy(self, latent: torch.Tensor) -> float:
+        """Share of the batch recognised as its prompted class: a k-NN on sklearn's digits for the digits
+        model; for the video model, the shape and the direction of motion recovered from the decoded frames."""
+        if self.video_model is not None:
+            labels = [int(c) for c in self.config.classes]
+            return self.video_model.class_accuracy(self.video_model.decode_videos(latent.float()), labels)[0]
+        labels = [int(c) for c in self.config.digits]
+        return self.digits_model.knn_label_accuracy(self.digits_model.decode_digits(latent.float()), labels)
+
     def reference(self, wl: Workload, steps: int) -> dict:
         self.run(wl, None, None, steps)  # warm-up (first-run allocations, imports)
         ref = self.run(wl, None, None, steps)
-        images = self.digits_model.decode(ref.latent.float())
-        labels = [int(c) for c in self.config.digits]
-        accuracy = self.digits_model.knn_label_accuracy(self.digits_model.decode_digits(ref.latent.float()), labels)
+        images = self.decode(ref.latent)
+        accuracy = self.accuracy(ref.latent)
         return {"latent": ref.latent, "images": images, "blocks": ref.blocks, "block_rows": ref.block_rows,
                 "forwards": ref.forwards,
                 "evaluations": ref.evaluations, "seconds": ref.seconds, "knn_accuracy": accuracy}
@@ -186,7 +210,6 @@ class Bench:
         as every method's, relative to the full-step uncached run; PSNR/SSIM/k-NN of the decoded images against
         that run's output, as for the methods."""
         rows = []
-        labels = [int(c) for c in self.config.digits]
         for n in range(first, steps):
             row = {"method": FEWER_STEPS, "key": "fewer_steps", "family": FEWER_STEPS, "source": "baseline",
                    "node": None, "kind": "fewer_steps", "taylorseer": None, "param": "steps", "value": n,
@@ -198,7 +221,7 @@ class Bench:
                 row["error"] = str(e)
                 continue
             finite = bool(torch.isfinite(r.latent).all())
-            images = self.digits_model.decode(r.latent.float())
+            images = self.decode(r.latent)
             row.update(
                 work=r.block_rows / ref["block_rows"] if ref["block_rows"] else None,
                 work_ratio=ref["block_rows"] / r.block_rows if r.block_rows else None,
@@ -206,8 +229,7 @@ class Bench:
                 forwards=r.forwards / ref["forwards"] if ref["forwards"] else None,
                 psnr=bench_metrics.psnr(images, ref["images"]) if finite else None,
                 ssim=bench_metrics.ssim(images, ref["images"]) if finite else None,
-                knn_accuracy=self.digits_model.knn_label_accuracy(
-                    self.digits_model.decode_digits(r.latent.float()), labels) if finite else None,
+                knn_accuracy=self.accuracy(r.latent) if finite else None,
                 seconds=r.seconds, identical=bool(torch.equal(r.latent, ref["latent"])))
             if row["work"] is not None:
                 row["work_saved"] = 1.0 - row["work"]
@@ -305,9 +327,7 @@ class Bench:
         return min(nxt, top) if min(nxt, top) > value else None
 
     def _quality(self, row: dict, first: RunResult, ref: dict) -> None:
-        images = self.digits_model.decode(first.latent.float())
-        labels = [int(c) for c in self.config.digits]
-        digits = self.digits_model.decode_digits(first.latent.float())
+        images = self.decode(first.latent)
         finite = bool(torch.isfinite(first.latent).all())
         row.update(
             # a block run on only the positive rows (Guidance Cache) does half a block's work
@@ -317,7 +337,7 @@ class Bench:
             blocks=first.blocks,
             psnr=bench_metrics.psnr(images, ref["images"]) if finite else None,
             ssim=bench_metrics.ssim(images, ref["images"]) if finite else None,
-            knn_accuracy=self.digits_model.knn_label_accuracy(digits, labels) if finite else None,
+            knn_accuracy=self.accuracy(first.latent) if finite else None,
             identical=bool(torch.equal(first.latent, ref["latent"])),
         )
         if row["work"] is not None:
@@ -486,7 +506,7 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
     bench.log(f"bench: {len(methods)} curves: " + ", ".join(m.label for m in methods))
     for s in skipped:
         bench.log(f"bench: not benchmarked: {s['node']} ({s['why']})")
-    wl = digits_workload(config)
+    wl = measured_workload(config)
     digits: dict = {}
     for index, steps in enumerate(config.steps):
         ref = bench.reference(wl, steps)
@@ -551,10 +571,11 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
             "other_packs_loaded": list(getattr(comfy, "bench_other_packs", [])),
             "steps": list(config.steps), "cfg": config.cfg, "sampler": config.sampler,
             "scheduler": config.scheduler, "seed": config.seed, "digits": config.digits, "repeats": config.repeats,
+            "model": config.model, "classes": config.classes,
             "taylorseer_orders": list(config.taylorseer), "curves": [m.label for m in methods],
             "targets_db": list(TARGETS), "versus_levels_db": list(VERSUS_LEVELS),
         },
-        "digits": digits,
+        wl.name: digits,
         "overhead": overhead,
         "skipped": skipped,
     }

@@ -325,6 +325,14 @@ PROSE: dict[str, dict] = {
         "when": ["Turns the tiny digits model's latents into images, one 64x64 image per latent."],
         "after": ["Nothing; connect a Preview Image."],
     },
+    "CachedSamplerVideoModel": {
+        "when": [
+            "For trying caching settings on a model with motion, in seconds on any machine: a complete text-to-video "
+            "setup (model, conditioning, an empty video latent and a lossy decoder) around the pack's bundled "
+            "1M-parameter Wan 2.1 trained on moving shapes. Not for making videos.",
+        ],
+        "after": ["Nothing; connect its VAE to a VAE Decode and a Preview Image to see the frames."],
+    },
 }
 
 # -- rendering ---------------------------------------------------------------------------------------------------

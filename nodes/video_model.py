@@ -1,0 +1,407 @@
+"""Tiny class-conditional Wan 2.1 video model on procedurally generated moving shapes.
+
+The pack's second bundled model, with motion: a small but *real* video diffusion model built from
+ComfyUI's own Wan classes (``comfy.supported_models.WAN21_T2V`` -> ``comfy.model_base.WAN21`` ->
+``comfy.ldm.wan.model.WanModel``, FLOW model type, multiplier 1000; shift 3 for the small clip), so that
+caching is also measured on a model whose output changes between frames, not only on one smooth image
+model.
+
+* **Data** (:func:`make_videos`): 8 frames of 32x32 RGB. One coloured shape (a disc or a square of the
+  same area, soft edges, its class's hue, random size) moves 2.4 pixels a frame in one of four directions
+  across most of a black background, from near one edge at a random place along it. The class (8 of them)
+  is the shape and the direction: ``CLASS_NAMES``.
+* **"VAE"** (:func:`decode`): a fixed, lossy linear decoder. Each latent position holds 16 channels that
+  are the coefficients of 16 orthonormal patterns of a 4x4 RGB patch (48 values): the 10 lowest spatial
+  frequencies (2-D DCT) of the luminance and the 3 lowest of each of two colour-difference channels. Encoding
+  is the orthogonal projection onto them, so high frequencies and fine colour are lost, like a real VAE's
+  lossy compression. A video becomes a ``[16, 8, 8, 8]`` latent (channels, frames, height, width), which the
+  model patchifies 1x2x2 into 128 tokens. The latent is standardised per channel and mapped with ComfyUI's
+  Wan 2.1 ``latent_format.process_out``, so the sampler sees a Wan-shaped latent.
+* **Conditioning**: a frozen random table of 4 tokens x 32 dims per class (Wan's ``text_dim`` 32);
+  unconditional = zeros; 10% label dropout in training, so real classifier-free guidance works.
+* **Check** (:func:`classify_videos`): the direction recovered from the decoded frames' centre of mass and
+  the shape from which equal-area template (disc or square) fits the frames better.
+
+Training: ``tools/training/train_video_model.py``. ``comfy`` is imported lazily so the module can be imported
+without ComfyUI.
+"""
+
+import functools
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+WEIGHTS_PATH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "assets",
+    "tiny_wan_video.safetensors",
+)
+
+TEXT_DIM = 32
+DEFAULT_UNET_CONFIG = {
+    "image_model": "wan2.1",
+    "model_type": "t2v",
+    "patch_size": [1, 2, 2],
+    "in_dim": 16,
+    "out_dim": 16,
+    "dim": 128,
+    "ffn_dim": 256,
+    "freq_dim": 256,
+    "text_dim": TEXT_DIM,
+    "num_heads": 2,
+    "num_layers": 4,
+    "window_size": [-1, -1],
+    "qk_norm": True,
+    "cross_attn_norm": True,
+    "eps": 1e-6,
+}
+
+SHAPES = ("square", "disc")
+DIRECTIONS = ("right", "left", "down", "up")
+CLASS_NAMES = tuple(f"{s} {d}" for s in SHAPES for d in DIRECTIONS)  # label = 4 * shape + direction
+NUM_CLASSES = len(CLASS_NAMES)
+CONTEXT_TOKENS = 4
+FRAMES = 8
+PIXELS = 32            # frame side in pixels
+PATCH = 4              # pixels per latent position (each side)
+LATENT_CHANNELS = 16
+LATENT_SIZE = PIXELS // PATCH
+IMAGE_SIZE = 64        # decoded IMAGE side (nearest x2 of the 32x32 frames)
+SPEED = 2.4            # pixels per frame
+_STEP = {"right": (1.0, 0.0), "left": (-1.0, 0.0), "down": (0.0, 1.0), "up": (0.0, -1.0)}  # (dx, dy)
+
+
+# ----------------------------------------------------------------- data ----
+
+def _hsv_to_rgb(h, s, v):
+    k = torch.stack([(5.0 + h * 6.0) % 6.0, (3.0 + h * 6.0) % 6.0, (1.0 + h * 6.0) % 6.0], dim=-1)
+    return v[..., None] - v[..., None] * s[..., None] * torch.clamp(torch.minimum(k, 4.0 - k), 0.0, 1.0)
+
+
+def _shape_alpha(shape_is_disc, cx, cy, radius, soft=0.5):
+    """Soft masks [B, T, H, W] of discs (radius) or equal-area squares centred on (cx, cy) [B, T]."""
+    coords = torch.arange(PIXELS, dtype=torch.float32) + 0.5
+    dx = coords.view(1, 1, 1, -1) - cx[..., None, None]
+    dy = coords.view(1, 1, -1, 1) - cy[..., None, None]
+    r = radius.view(-1, 1, 1, 1)
+    disc = torch.sqrt(dx * dx + dy * dy) - r
+    square = torch.maximum(dx.abs(), dy.abs()) - r * (math.sqrt(math.pi) / 2.0)
+    dist = torch.where(shape_is_disc.view(-1, 1, 1, 1), disc, square)
+    return torch.sigmoid(-dist / soft)
+
+
+def make_videos(labels, generator=None):
+    """Videos [B, T, 3, 32, 32] in 0..1 of the classes ``labels`` (see ``CLASS_NAMES``)."""
+    labels = torch.as_tensor(labels, dtype=torch.long)
+    n = labels.shape[0]
+    g = generator
+
+    def u(lo, hi):
+        return lo + (hi - lo) * torch.rand(n, generator=g)
+
+    radius = u(4.5, 6.0)
+    travel = SPEED * (FRAMES - 1)
+    direction = labels % len(DIRECTIONS)
+    step = torch.tensor([_STEP[d] for d in DIRECTIONS])[direction]  # [B, 2]
+    margin = radius + 1.0
+    # start near the frame's edge so that the whole path (most of the frame) stays inside it
+    along = margin + (PIXELS - 2 * margin - travel).clamp_min(0.0) * torch.rand(n, generator=g)
+    across = margin + (PIXELS - 2 * margin) * torch.rand(n, generator=g)
+    horizontal = step[:, 0] != 0
+    start_x = torch.where(horizontal, torch.where(step[:, 0] > 0, along, PIXELS - along), across)
+    start_y = torch.where(horizontal, across, torch.where(step[:, 1] > 0, along, PIXELS - along))
+    t = torch.arange(FRAMES, dtype=torch.float32).view(1, -1) * SPEED
+    cx = start_x.view(-1, 1) + step[:, :1] * t
+    cy = start_y.view(-1, 1) + step[:, 1:] * t
+    alpha = _shape_alpha(labels // len(DIRECTIONS) == 1, cx, cy, radius)  # [B, T, H, W]
+    hue = (labels.float() / NUM_CLASSES + 0.04 * (torch.rand(n, generator=g) - 0.5)) % 1.0  # a hue per class
+    colour = _hsv_to_rgb(hue, u(0.7, 1.0), u(0.8, 1.0))  # [B, 3]
+    return alpha[:, :, None] * colour.view(n, 1, 3, 1, 1)
+
+
+# -------------------------------------------------------------- "VAE" ----
+
+@functools.lru_cache(maxsize=1)
+def decoder_basis():
+    """The decoder's patterns [48, 16]: orthonormal columns over one 4x4 RGB patch (RGB-major, then y, x)."""
+    n = torch.arange(PATCH, dtype=torch.float64)
+    dct = torch.stack([torch.cos(math.pi * (n + 0.5) * k / PATCH) for k in range(PATCH)])
+    dct = dct / dct.norm(dim=1, keepdim=True)  # [4 frequencies, 4 positions], orthonormal rows
+    luma = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64) / math.sqrt(3.0)
+    chroma = (torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2.0),
+              torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6.0))
+    low = [(u, v) for s in range(2 * PATCH) for u in range(PATCH) for v in range(PATCH) if u + v == s]
+    columns = []
+    for colour, frequencies in [(luma, low[:10])] + [(c, low[:3]) for c in chroma]:
+        for fu, fv in frequencies:
+            spatial = torch.outer(dct[fu], dct[fv])  # [y, x]
+            columns.append((colour.view(3, 1, 1) * spatial).reshape(-1))
+    return torch.stack(columns, dim=1).float()
+
+
+def raw_latent(videos):
+    """Unstandardised latent [B, 16, T, 8, 8] of videos [B, T, 3, 32, 32] (0..1; coded as -1..1)."""
+    b, t = videos.shape[:2]
+    x = videos.float().reshape(b * t, 3, LATENT_SIZE, PATCH, LATENT_SIZE, PATCH) * 2.0 - 1.0
+    patches = x.permute(0, 2, 4, 1, 3, 5).reshape(b * t, LATENT_SIZE, LATENT_SIZE, 3 * PATCH * PATCH)
+    z = patches @ decoder_basis()  # [BT, 8, 8, 16]
+    return z.reshape(b, t, LATENT_SIZE, LATENT_SIZE, LATENT_CHANNELS).permute(0, 4, 1, 2, 3).contiguous()
+
+
+def raw_decode(z):
+    """Videos [B, T, 3, 32, 32] (0..1, unclamped) of unstandardised latents [B, 16, T, 8, 8]."""
+    b, _, t = z.shape[:3]
+    patches = z.float().permute(0, 2, 3, 4, 1) @ decoder_basis().T  # [B, T, 8, 8, 48]
+    x = patches.reshape(b, t, LATENT_SIZE, LATENT_SIZE, 3, PATCH, PATCH).permute(0, 1, 4, 2, 5, 3, 6)
+    return (x.reshape(b, t, 3, PIXELS, PIXELS) + 1.0) / 2.0
+
+
+def latent_stats(videos):
+    """Per-channel (mean [16], std [16]) of :func:`raw_latent` over a data set."""
+    z = raw_latent(videos)
+    return z.mean(dim=(0, 2, 3, 4)), z.std(dim=(0, 2, 3, 4))
+
+
+def latent_format():
+    """ComfyUI's Wan 2.1 latent format (its per-channel mean/std used by process_in/out)."""
+    import comfy.latent_formats
+
+    return comfy.latent_formats.Wan21()
+
+
+def _stats(tables):
+    return tables["latent_mean"].view(1, -1, 1, 1, 1), tables["latent_std"].view(1, -1, 1, 1, 1)
+
+
+def encode(videos, tables=None):
+    """Encode videos [B, T, 3, 32, 32] to a ComfyUI-space latent [B, 16, T, 8, 8] (what a VAE encode gives)."""
+    tables = tables or load_tables()
+    mean, std = _stats(tables)
+    return latent_format().process_out((raw_latent(videos) - mean) / std)
+
+
+def decode_videos(latent, tables=None):
+    """Decode a ComfyUI-space latent [B, 16, T, 8, 8] to videos [B, T, 3, 32, 32] in 0..1."""
+    tables = tables or load_tables()
+    mean, std = _stats(tables)
+    z = latent_format().process_in(latent.float().cpu())
+    return raw_decode(z * std + mean).clamp(0.0, 1.0)
+
+
+def decode(latent, tables=None):
+    """Decode to a ComfyUI IMAGE [B * T, 64, 64, 3] in 0..1: every frame of every video, in order."""
+    frames = decode_videos(latent, tables).flatten(0, 1)
+    big = F.interpolate(frames, scale_factor=IMAGE_SIZE // PIXELS, mode="nearest")
+    return big.permute(0, 2, 3, 1).contiguous()
+
+
+class VideoVAE:
+    """:func:`decode` behind the method of ComfyUI's VAE that decoding nodes call, so the model can be
+    connected where a VAE is expected (VAE Decode, Auto Calibrate). Decoding only: it has no encoder."""
+
+    def decode(self, samples):
+        return decode(samples)
+
+
+# ---------------------------------------------------------------- model ----
+
+SHIFT = 3.0  # the sampling shift: Wan 2.1's 8 is for 480p, a lower one suits a 32x32 clip
+
+
+@functools.lru_cache(maxsize=1)
+def _config_class():
+    """ComfyUI's Wan 2.1 text-to-video config (its model class, latent format, state-dict conversion), with
+    the sampling shift of this tiny clip instead of 480p's."""
+    import comfy.supported_models
+
+    wan = comfy.supported_models.WAN21_T2V
+    return type("TinyWanVideo", (wan,), {"__doc__": "Tiny Wan 2.1 trained on moving shapes.",
+                                         "sampling_settings": {**wan.sampling_settings, "shift": SHIFT}})
+
+
+def init_weights(diffusion_model, std=0.02, seed=None):
+    """Initialise a ComfyUI WanModel in place (ComfyUI ops skip init): Linear/Conv weights ~ N(0, std),
+    biases 0, norm gains 1, and zeros for the blocks' and head's modulation tables, the time projection
+    and the output projection, so that every block starts as the identity (adaLN-Zero, Peebles & Xie
+    2023)."""
+    g = torch.Generator().manual_seed(seed) if seed is not None else None
+    with torch.no_grad():
+        for name, p in diffusion_model.named_parameters():
+            if name.endswith(("norm_q.weight", "norm_k.weight", "norm3.weight")):
+                p.fill_(1.0)
+            elif name.endswith("modulation") or name.startswith(("time_projection", "head.head")):
+                p.zero_()
+            elif p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:
+                p.zero_()
+    return diffusion_model
+
+
+def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.float32, seed=0):
+    """Build the tiny Wan model through ComfyUI's real classes: a ``ModelPatcher`` wrapping
+    ``comfy.model_base.WAN21`` (a ``WAN21_T2V`` config with shift 3, FLOW) computing in ``dtype``."""
+    import comfy.model_patcher
+
+    config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
+    for key in ("patch_size", "window_size"):
+        config[key] = tuple(config[key])
+    model_config = _config_class()(config)
+    model_config.set_inference_dtype(dtype, None)
+    model = model_config.get_model({})
+    if initialise:
+        init_weights(model.diffusion_model, seed=seed)
+    model.eval()
+    device = torch.device(device)
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
+
+
+def _read_file(path):
+    from safetensors import safe_open
+
+    tensors = {}
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata() or {}
+        for key in f.keys():
+            tensors[key] = f.get_tensor(key)
+    return tensors, metadata
+
+
+@functools.lru_cache(maxsize=4)
+def _load_file_cached(path):
+    return _read_file(path)
+
+
+def load_tables(path=None):
+    """Frozen tables stored next to the weights: ``class_context`` [8, 4, 32], ``latent_mean`` [16],
+    ``latent_std`` [16]."""
+    tensors, _ = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
+    return {k: tensors[k].clone() for k in ("class_context", "latent_mean", "latent_std")}
+
+
+def load_metadata(path=None):
+    """The safetensors metadata (string -> string) of the weights file."""
+    return dict(_load_file_cached(os.path.abspath(path or WEIGHTS_PATH))[1])
+
+
+def load_model(path=None, device="cpu", dtype=torch.float32):
+    """Load the committed model as a ComfyUI ModelPatcher ready to sample: the config from the file's
+    metadata, the network built with :func:`build_model`, and the ``diffusion_model.*`` weights through the
+    running ComfyUI's own conversion for the config (``process_unet_state_dict``), loaded strictly."""
+    tensors, metadata = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
+    config = json.loads(metadata["unet_config"])
+    patcher = build_model(config, device=device, initialise=False, dtype=dtype)
+    prefix = "diffusion_model."
+    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    model = patcher.model
+    model.diffusion_model.load_state_dict(model.model_config.process_unet_state_dict(state), strict=True)
+    return patcher
+
+
+# --------------------------------------------------------- conditioning ----
+
+def make_class_table(seed=1234, tokens=CONTEXT_TOKENS, dim=TEXT_DIM):
+    """A fresh frozen random class embedding [8, L, dim]."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(NUM_CLASSES, tokens, dim, generator=g)
+
+
+def class_conditioning(labels, tables=None):
+    """ComfyUI CONDITIONING (positive, negative) for a list of class labels: positive
+    ``[[context[B, 4, 32], {}]]`` from the class table, negative the same shape filled with zeros."""
+    tables = tables or load_tables()
+    context = tables["class_context"][torch.as_tensor(list(labels), dtype=torch.long)]
+    return [[context, {}]], [[torch.zeros_like(context), {}]]
+
+
+def parse_classes(text, node="Tiny Video Model"):
+    """Labels from a string of class digits 0-7 (``CLASS_NAMES``), e.g. "01234567"."""
+    labels = [int(c) for c in text if c.isdigit()]
+    if not labels or any(c not in "01234567, " for c in text):
+        raise ValueError(f"{node}: 'classes' must list classes 0-7 ("
+                         + ", ".join(f"{i} {n}" for i, n in enumerate(CLASS_NAMES)) + f"); got {text!r}.")
+    return labels
+
+
+def empty_latent(batch=1):
+    """An empty video latent [B, 16, 8, 8, 8] (zeros, like ComfyUI's empty latent nodes)."""
+    return torch.zeros(batch, LATENT_CHANNELS, FRAMES, LATENT_SIZE, LATENT_SIZE)
+
+
+# ------------------------------------------------------------- evaluate ----
+
+def _mass(videos):
+    return videos.amax(dim=2)  # [B, T, H, W]: brightest channel, the shape's soft mask times its value
+
+
+def classify_videos(videos):
+    """(direction index [B], shape index [B]) recovered from videos [B, T, 3, 32, 32] (0..1):
+    the direction from the displacement of the centre of mass between the first and last frames, the
+    shape from which equal-area template (square or disc, at each frame's centre of mass) fits better."""
+    m = _mass(videos.float())
+    b, t = m.shape[:2]
+    coords = torch.arange(PIXELS, dtype=torch.float32) + 0.5
+    total = m.sum(dim=(2, 3)).clamp_min(1e-6)
+    cx = (m.sum(dim=2) * coords).sum(-1) / total
+    cy = (m.sum(dim=3) * coords).sum(-1) / total
+    dx, dy = cx[:, -1] - cx[:, 0], cy[:, -1] - cy[:, 0]
+    scores = torch.stack([dx, -dx, dy, -dy], dim=1)  # right, left, down, up
+    direction = scores.argmax(dim=1)
+    peak = m.flatten(2).amax(-1).clamp_min(1e-6)
+    mask = m / peak[..., None, None]
+    radius = torch.sqrt(mask.sum(dim=(2, 3)) / math.pi)
+    errors = []
+    for disc in (False, True):
+        template = _shape_alpha(torch.full((b,), disc), cx, cy, radius.mean(1))
+        errors.append(((template - mask) ** 2).sum(dim=(1, 2, 3)))
+    shape = torch.stack(errors, dim=1).argmin(dim=1)
+    return direction, shape
+
+
+def class_accuracy(videos, labels):
+    """Share of videos whose recovered (shape, direction) is the prompted class, and the share whose
+    direction alone is right."""
+    labels = torch.as_tensor(list(labels), dtype=torch.long)
+    direction, shape = classify_videos(videos)
+    right_dir = direction == labels % len(DIRECTIONS)
+    right = right_dir & (shape == labels // len(DIRECTIONS))
+    return float(right.float().mean()), float(right_dir.float().mean())
+
+
+def hue_classes(videos):
+    """The class [B] whose hue is nearest to that of each video's brightest pixels (every class has its own)."""
+    v = videos.float()
+    m = _mass(v)
+    bright = (m > 0.5 * m.flatten(1).amax(1).view(-1, 1, 1, 1)).float()
+    rgb = (v * bright[:, :, None]).sum(dim=(1, 3, 4)) / bright.sum(dim=(1, 2, 3)).clamp_min(1.0)[:, None]
+    r, g, b = rgb.unbind(-1)
+    hue = torch.atan2(math.sqrt(3.0) * (g - b), 2.0 * r - g - b) / (2.0 * math.pi) % 1.0
+    reference = torch.arange(NUM_CLASSES, dtype=torch.float32) / NUM_CLASSES
+    return ((hue[:, None] - reference[None, :] + 0.5) % 1.0 - 0.5).abs().argmin(dim=1)
+
+
+def motion(videos):
+    """Mean pixel distance the centre of mass travels from the first to the last frame, per video [B]."""
+    m = _mass(videos.float())
+    coords = torch.arange(PIXELS, dtype=torch.float32) + 0.5
+    total = m.sum(dim=(2, 3)).clamp_min(1e-6)
+    cx = (m.sum(dim=2) * coords).sum(-1) / total
+    cy = (m.sum(dim=3) * coords).sum(-1) / total
+    return torch.sqrt((cx[:, -1] - cx[:, 0]) ** 2 + (cy[:, -1] - cy[:, 0]) ** 2)
+
+
+# --------------------------------------------------------------- sample ----
+
+def sample_videos(model, labels, steps=28, cfg=3.0, seed=0, sampler="euler", scheduler="simple", tables=None):
+    """Sample one video per label through ComfyUI's KSampler code path (``nodes.common_ksampler``'s
+    steps); returns the ComfyUI-space latent [B, 16, 8, 8, 8]."""
+    import comfy.sample
+
+    positive, negative = class_conditioning(labels, tables)
+    latent = comfy.sample.fix_empty_latent_channels(model, empty_latent(len(labels)))
+    noise = comfy.sample.prepare_noise(latent, seed)
+    return comfy.sample.sample(model, noise, steps, cfg, sampler, scheduler, positive, negative, latent,
+                               denoise=1.0, disable_pbar=True, seed=seed)

@@ -1,0 +1,173 @@
+"""The committed tiny Wan 2.1 video model: loaded through ComfyUI's own Wan classes, it samples
+deterministically, its videos move and follow the prompted class (and classifier-free guidance matters), its
+fixed decoder is lossy, and caching switched off on it through the Cached Sampler is bit-identical with the
+model doing all its work, counted at the block hooks."""
+import math
+import os
+
+import pytest
+import torch
+
+import graphs
+from devkit.work_nodes import CAPTURED, CountWork
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WEIGHTS = os.path.join(ROOT, "assets", "tiny_wan_video.safetensors")
+CLASSES = "0257"  # square right, square down, disc down, disc up
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def video_model(comfy):
+    if not os.path.isfile(WEIGHTS):
+        pytest.skip("tiny_wan_video.safetensors missing (run tools/training/train_video_model.py)")
+    return comfy.module("nodes.video_model")
+
+
+@pytest.fixture(scope="module")
+def model(video_model):
+    return video_model.load_model()
+
+
+def test_weights_path_points_at_assets(video_model):
+    assert os.path.realpath(video_model.WEIGHTS_PATH) == os.path.realpath(WEIGHTS)
+    assert os.path.getsize(WEIGHTS) < 8 * 2 ** 20
+
+
+def test_model_is_comfyui_wan_loaded_strictly(video_model, model):
+    import comfy.ldm.wan.model
+    import comfy.model_base
+    import comfy.supported_models
+
+    assert isinstance(model.model, comfy.model_base.WAN21)
+    assert isinstance(model.model.model_config, comfy.supported_models.WAN21_T2V)
+    net = model.model.diffusion_model
+    assert isinstance(net, comfy.ldm.wan.model.WanModel)
+    assert len(net.blocks) == video_model.DEFAULT_UNET_CONFIG["num_layers"]
+    # every stored weight is the one the network holds (load_model loads strictly)
+    tensors, metadata = video_model._read_file(WEIGHTS)
+    state = net.state_dict()
+    stored = {k[len("diffusion_model."):]: v for k, v in tensors.items() if k.startswith("diffusion_model.")}
+    assert set(stored) == set(state)
+    assert all(torch.equal(stored[k], state[k]) for k in stored)
+    assert sum(p.numel() for p in net.parameters()) < 2_000_000
+    assert int(metadata["train_steps"]) > 0 and "sample_check" in metadata and "train_log" in metadata
+
+
+def test_decoder_is_fixed_lossy_and_consistent(video_model):
+    g = torch.Generator().manual_seed(5)
+    videos = video_model.make_videos(torch.arange(16) % video_model.NUM_CLASSES, g)
+    latent = video_model.encode(videos)
+    assert latent.shape == (16, 16, video_model.FRAMES, video_model.LATENT_SIZE, video_model.LATENT_SIZE)
+    decoded = video_model.decode_videos(latent)
+    mse = float(((decoded - videos) ** 2).mean())
+    assert 30.0 < 10 * math.log10(1 / mse) < 45.0  # close, but detail is lost
+    raw = video_model.raw_latent(videos)
+    assert torch.allclose(video_model.raw_latent(video_model.raw_decode(raw)), raw, atol=1e-4)  # a projection
+    image = video_model.decode(latent)
+    assert image.shape == (16 * video_model.FRAMES, 64, 64, 3)
+    # the generated data the model learnt from is recovered by the same check the samples get
+    accuracy, direction = video_model.class_accuracy(videos, (torch.arange(16) % video_model.NUM_CLASSES).tolist())
+    assert accuracy == 1.0 and direction == 1.0
+
+
+def test_samples_are_deterministic_finite_move_and_follow_the_class(video_model, model):
+    labels = [int(c) for c in CLASSES]
+    first = video_model.sample_videos(model, labels, steps=STEPS, cfg=3.0, seed=0)
+    again = video_model.sample_videos(model, labels, steps=STEPS, cfg=3.0, seed=0)
+    assert torch.isfinite(first).all()
+    assert torch.equal(first, again)
+    videos = video_model.decode_videos(first)
+    assert video_model.hue_classes(videos).tolist() == labels  # each class has its own colour
+    _, shape = video_model.classify_videos(videos)
+    assert float((shape == torch.tensor(labels) // 4).float().mean()) >= 0.75  # squares 0-3, discs 4-7
+    frames = videos.flatten(2)
+    assert float((frames[:, 1:] - frames[:, :-1]).abs().mean()) > 0.005  # consecutive frames differ
+    assert float(video_model.motion(videos).mean()) > 2.0  # the shape's centre of mass moves
+
+
+def test_classes_and_guidance_change_the_videos(video_model, model):
+    same_noise = [0] * 4  # one class, then others, from the same noise
+    square_right = video_model.sample_videos(model, same_noise, steps=STEPS, cfg=3.0, seed=3)
+    mixed = video_model.sample_videos(model, [0, 3, 4, 7], steps=STEPS, cfg=3.0, seed=3)
+    assert torch.equal(square_right[0], mixed[0])
+    for i in (1, 2, 3):
+        assert float((square_right[i] - mixed[i]).abs().mean()) > 0.05, i
+    unguided = video_model.sample_videos(model, [0, 3, 4, 7], steps=STEPS, cfg=1.0, seed=3)
+    assert float((unguided - mixed).abs().mean()) > 0.02
+
+
+class VideoCountWork(CountWork):
+    """Counts the work of the video model's blocks (Wan's ``blocks``, hooked as "double_block")."""
+
+    def groups(self, model, **inputs):
+        return {"double_block": len(model.model.diffusion_model.blocks)}
+
+
+def _prompt(chain_nodes=None, steps=STEPS, key="out"):
+    prompt = {"video": {"class_type": "CachedSamplerVideoModel", "inputs": {"classes": CLASSES}},
+              "work": {"class_type": "TestVideoCountWork", "inputs": {"model": ["video", 0], "key": key + "w"}}}
+    inputs = {"model": ["work", 0], "seed": 0, "steps": steps, "cfg": 3.0, "sampler_name": "euler",
+              "scheduler": "simple", "positive": ["video", 1], "negative": ["video", 2],
+              "latent_image": ["video", 3], "denoise": 1.0}
+    node_type = "KSampler"
+    if chain_nodes:
+        last = None
+        for i, (class_type, node_inputs) in enumerate(chain_nodes):
+            last = graphs.config(prompt, f"m{i}", class_type, upstream=last, **node_inputs)
+        inputs["interceptors"] = [last, 0]
+        node_type = "CachedSampler"
+    prompt["sampler"] = {"class_type": node_type, "inputs": inputs}
+    prompt["capture"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": key}}
+    prompt["decode"] = {"class_type": "VAEDecode", "inputs": {"samples": ["sampler", 0], "vae": ["video", 4]}}
+    prompt["preview"] = {"class_type": "PreviewImage", "inputs": {"images": ["decode", 0]}}
+    return prompt
+
+
+def _run(comfy, prompt, key="out"):
+    comfy.run(prompt)
+    return CAPTURED.pop(key), CAPTURED.pop(key + "w")
+
+
+WINDOW = dict(start_percent=0.0, end_percent=1.0)
+OFF = {
+    "fixed cadence 1 + TaylorSeer": [("CachedSamplerFixedCadence", dict(interval=1, **WINDOW)),
+                                     ("CachedSamplerTaylorSeer", dict(order=1))],
+    "first block cache 0": [("CachedSamplerFirstBlockCache", dict(threshold=0.0, warmup=0.0, max_cached_steps=-1,
+                                                                  max_consecutive_cached=-1, **WINDOW))],
+}
+
+
+@pytest.fixture(scope="module")
+def uncached(comfy, video_model):
+    import nodes
+    nodes.NODE_CLASS_MAPPINGS["TestVideoCountWork"] = VideoCountWork
+    latent, work = _run(comfy, _prompt())
+    return latent, dict(work)
+
+
+def test_node_runs_through_the_executor_with_every_block(comfy, video_model, uncached):
+    latent, work = uncached
+    layers = video_model.DEFAULT_UNET_CONFIG["num_layers"]
+    assert latent.shape == (len(CLASSES), 16, video_model.FRAMES, video_model.LATENT_SIZE, video_model.LATENT_SIZE)
+    assert torch.isfinite(latent).all()
+    assert work["runs"] == 1 and work["forwards"] == STEPS  # cond and uncond in one batch per step
+    assert work["blocks"] == STEPS * layers
+    assert work["block_rows"] == STEPS * layers * 2 * len(CLASSES)
+
+
+@pytest.mark.parametrize("name", list(OFF))
+def test_caching_switched_off_is_bit_identical(comfy, video_model, uncached, name):
+    latent, work = _run(comfy, _prompt(OFF[name]))
+    assert torch.equal(latent, uncached[0]), name
+    assert work["blocks"] == uncached[1]["blocks"] and work["block_rows"] == uncached[1]["block_rows"], name
+
+
+def test_caching_that_skips_saves_work_and_stays_close(comfy, video_model, uncached):
+    latent, work = _run(comfy, _prompt([("CachedSamplerFixedCadence", dict(interval=2, **WINDOW)),
+                                        ("CachedSamplerTaylorSeer", dict(order=1))]))
+    assert torch.isfinite(latent).all()
+    assert work["blocks"] < 0.8 * uncached[1]["blocks"]
+    images, reference = video_model.decode(latent), video_model.decode(uncached[0])
+    mse = float(((images - reference) ** 2).mean())
+    assert 0.0 < mse and 10 * math.log10(1 / mse) > 20.0

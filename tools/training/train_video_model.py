@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Train the tiny class-conditional Wan 2.1 video model on moving shapes (CPU, under 10 minutes).
+
+Recipe
+------
+* Model: ComfyUI's own ``comfy.ldm.wan.model.WanModel`` through ``comfy.supported_models.WAN21_T2V`` (FLOW,
+  multiplier 1000; sampling shift 3 for the small clip), at the tiny size of ``nodes/video_model.py``'s ``DEFAULT_UNET_CONFIG``.
+* Data: fresh procedurally generated videos every step (``video_model.make_videos``: a disc or square
+  moving right/left/down/up, 8 frames of 32x32 RGB), encoded by the fixed lossy decoder's projection.
+* Rectified flow (Liu et al. 2022): ``x_t = (1 - t) x0 + t eps``, the network predicts ``eps - x0`` at
+  ``timestep = 1000 t``, what ComfyUI's FLOW sampling expects of Wan. ``t``: a third uniform, a third
+  logit-normal(0, 1) (Esser et al. 2024), a third uniform shifted by 3 as the sampler's schedule is.
+* Class conditioning via a frozen random table, 10% label dropout to all-zero conditioning (classifier-free
+  guidance, Ho & Salimans 2022).
+* AdamW, lr 2e-3 with linear warm-up and cosine decay, batch 16, EMA 0.99, a fixed number of steps,
+  one CPU thread, fixed seeds: the same torch build retrains the same weights.
+
+ComfyUI's Wan code is written for inference: its RoPE goes through the ``comfy_kitchen`` op, which has no
+autograd formula. For the training forward passes only, ``comfy.ldm.wan.model.apply_rope1`` is replaced
+(process-local, restored afterwards) by the same maths in plain torch, checked to give the same output; the
+saved model is reloaded and sampled with the unmodified ComfyUI code.
+
+Writes ``assets/tiny_wan_video.safetensors`` (EMA weights, class table, latent statistics; config, training
+log and the sample check in its metadata) and ``assets/tiny_wan_video_samples.png`` (one row per class:
+the 8 frames of a sample at 28 euler steps, cfg 3), and prints the share of 64 samples whose shape and
+direction, recovered from the decoded frames, are the prompted class's, at cfg 3 and cfg 1.
+"""
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ASSETS = os.path.join(ROOT, "assets")
+
+import train_digits_model as common  # noqa: E402  (beside it: ComfyUI import, pack import, PNG grid)
+
+
+def import_video_model():
+    """Import ``nodes.video_model`` as part of the pack, or standalone."""
+    common.import_digits_model()
+    name = common.PACKAGE_NAME + ".nodes.video_model"
+    if common.PACKAGE_NAME in sys.modules:
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001
+            print(f"note: pack import failed ({exc!r}); loading video_model standalone")
+    return common._load_standalone("tiny_wan_video_model", os.path.join(ROOT, "nodes", "video_model.py"))
+
+
+# --------------------------------------------- training-only patches ----
+
+def _rope_reference(x, freqs_cis):
+    """Differentiable RoPE, the maths of ComfyUI's pure-torch ``_apply_rope1``."""
+    x_ = x.to(dtype=freqs_cis.dtype).reshape(*x.shape[:-1], -1, 1, 2)
+    out = freqs_cis[..., 0] * x_[..., 0] + freqs_cis[..., 1] * x_[..., 1]
+    return out.reshape(*x.shape).type_as(x)
+
+
+@contextlib.contextmanager
+def trainable_wan():
+    """Temporarily make ComfyUI's Wan forward differentiable (training only)."""
+    import comfy.ldm.wan.model as wan
+
+    original = wan.apply_rope1
+    wan.apply_rope1 = _rope_reference
+    try:
+        yield
+    finally:
+        wan.apply_rope1 = original
+
+
+def check_patches_exact(net, x, t, context):
+    """The training patch must not change the forward output."""
+    import torch
+
+    with torch.no_grad():
+        reference = net(x, t, context)
+        with trainable_wan():
+            patched = net(x, t, context)
+    err = (reference - patched).abs().max().item()
+    if err > 1e-4:
+        raise RuntimeError(f"the training patch changes the Wan forward (max err {err})")
+    return err
+
+
+# ------------------------------------------------------------ training ----
+
+def sample_t(batch, generator, shift=3.0):
+    """A third uniform, a third logit-normal(0, 1), a third uniform shifted like the sampler's schedule."""
+    import torch
+
+    u = torch.rand(batch, generator=generator)
+    logit_normal = torch.sigmoid(torch.randn(batch, generator=generator))
+    shifted = shift * u / (1.0 + (shift - 1.0) * u)
+    pick = torch.randint(0, 3, (batch,), generator=generator)
+    return torch.where(pick == 0, u, torch.where(pick == 1, logit_normal, shifted)).clamp(1e-4, 1.0)
+
+
+def train(vm, args):
+    """Train and return (ema_state_dict, tables, info)."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    stats_videos = vm.make_videos(torch.arange(2048) % vm.NUM_CLASSES, torch.Generator().manual_seed(args.seed + 7))
+    mean, std = vm.latent_stats(stats_videos)
+    tables = {"class_context": vm.make_class_table(seed=args.seed + 1234), "latent_mean": mean, "latent_std": std}
+    view = (1, -1, 1, 1, 1)
+
+    patcher = vm.build_model(vm.DEFAULT_UNET_CONFIG, seed=args.seed)
+    net = patcher.model.diffusion_model
+    net.train()
+    params = list(net.parameters())
+    for p in params:
+        p.requires_grad_(True)
+    ema = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
+
+    start = time.time()
+    losses, log = [], []
+    for step in range(args.steps):
+        labels = torch.randint(0, vm.NUM_CLASSES, (args.batch,), generator=gen)
+        x0 = (vm.raw_latent(vm.make_videos(labels, gen)) - mean.view(view)) / std.view(view)
+        t = sample_t(args.batch, gen)
+        noise = torch.randn(x0.shape, generator=gen)
+        tt = t.view(-1, 1, 1, 1, 1)
+        x_t, target = (1.0 - tt) * x0 + tt * noise, noise - x0
+        keep = (torch.rand(args.batch, generator=gen) >= args.label_dropout).float().view(-1, 1, 1)
+        context = tables["class_context"][labels] * keep
+        for group in opt.param_groups:
+            group["lr"] = common.lr_at(step, args.steps, args.lr, args.warmup)
+        with trainable_wan():
+            out = net(x_t, t * 1000.0, context)  # timestep = sigma * multiplier (1000)
+        loss = torch.nn.functional.mse_loss(out, target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        with torch.no_grad():
+            for e, p in zip(ema, params):
+                e.lerp_(p, 1.0 - args.ema)
+        losses.append(loss.item())
+        if (step + 1) % 50 == 0 or step + 1 == args.steps:
+            tail = losses[-50:]
+            line = f"step {step + 1}/{args.steps} loss {sum(tail) / len(tail):.4f} {time.time() - start:.0f}s"
+            log.append(line)
+            print(line, flush=True)
+
+    seconds = time.time() - start
+    probe = torch.randn(4, 16, vm.FRAMES, vm.LATENT_SIZE, vm.LATENT_SIZE, generator=gen)
+    err = check_patches_exact(net, probe, torch.rand(4, generator=gen) * 1000.0, tables["class_context"][:4])
+    print(f"patched training forward matches ComfyUI's own (max abs err {err:.1e})")
+    names = [n for n, _ in net.named_parameters()]
+    state = {n: e.contiguous() for n, e in zip(names, ema)}
+    tail = losses[-100:]
+    info = {"train_steps": args.steps, "train_seconds": round(seconds, 1),
+            "final_loss": round(sum(tail) / len(tail), 5), "train_log": "\n".join(log)}
+    return state, tables, info
+
+
+# -------------------------------------------------------------- output ----
+
+def save(path, state, tables, config, info, args):
+    """Write EMA weights, tables and metadata to a safetensors file."""
+    from safetensors.torch import save_file
+
+    tensors = {"diffusion_model." + k: v for k, v in state.items()}
+    tensors.update({k: v.contiguous() for k, v in tables.items()})
+    metadata = {
+        "format": "tiny_wan_video/1",
+        "model_config_class": "comfy.supported_models.WAN21_T2V",
+        "unet_config": json.dumps(config),
+        "recipe": "rectified flow (eps - x0 target, timestep 1000 t), t 1/3 uniform, 1/3 logit-normal, "
+                  "1/3 shift-3 uniform, 10% label dropout, AdamW cosine, EMA",
+        "data": "procedural moving shapes (nodes/video_model.py make_videos), 8 frames 32x32 RGB",
+        "classes": json.dumps(list(CLASSES_FROM_MODULE)),
+        "seed": str(args.seed), "ema": str(args.ema), "lr": str(args.lr), "batch": str(args.batch),
+        "label_dropout": str(args.label_dropout),
+    }
+    metadata.update({k: str(v) for k, v in info.items()})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_file(tensors, path, metadata=metadata)
+
+
+CLASSES_FROM_MODULE = ()
+
+
+def evaluate(vm, path, png_path, samples_per_class=8):
+    """Reload the saved file, sample ``samples_per_class`` videos per class at cfg 3 and cfg 1 (28 euler
+    steps), write one row of frames per class, and return the class checks."""
+    import torch
+
+    model = vm.load_model(path)
+    tables = vm.load_tables(path)
+    labels = [c for _ in range(samples_per_class) for c in range(vm.NUM_CLASSES)]
+    out = {}
+    for cfg in (3.0, 1.0):
+        latent = vm.sample_videos(model, labels, steps=28, cfg=cfg, seed=0, tables=tables)
+        videos = vm.decode_videos(latent, tables)
+        accuracy, direction = vm.class_accuracy(videos, labels)
+        out[f"cfg{cfg:g}"] = {"class_accuracy": accuracy, "direction_accuracy": direction,
+                              "mean_motion_px": round(float(vm.motion(videos).mean()), 2),
+                              "finite": bool(torch.isfinite(latent).all())}
+        if cfg == 3.0:
+            frames = vm.decode(latent[:vm.NUM_CLASSES], tables)  # [8 classes * 8 frames, 64, 64, 3]
+            common.save_grid(frames, png_path, rows=vm.NUM_CLASSES, cols=vm.FRAMES)
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=1200, help="training steps")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--ema", type=float, default=0.99)
+    p.add_argument("--label-dropout", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=os.path.join(ASSETS, "tiny_wan_video.safetensors"))
+    p.add_argument("--png", default=os.path.join(ASSETS, "tiny_wan_video_samples.png"))
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    global CLASSES_FROM_MODULE
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = parse_args(argv)
+    common.import_comfy()
+    vm = import_video_model()
+    CLASSES_FROM_MODULE = vm.CLASS_NAMES
+    state, tables, info = train(vm, args)
+    save(args.out, state, tables, vm.DEFAULT_UNET_CONFIG, info, args)
+    print(f"trained {info['train_steps']} steps in {info['train_seconds']} s, final loss {info['final_loss']}")
+    checks = evaluate(vm, args.out, args.png)
+    info["sample_check"] = json.dumps(checks)
+    save(args.out, state, tables, vm.DEFAULT_UNET_CONFIG, info, args)  # the check goes into the metadata too
+    size_mb = os.path.getsize(args.out) / 2 ** 20
+    print(f"wrote {os.path.relpath(args.out, ROOT)} ({size_mb:.1f} MiB) and {os.path.relpath(args.png, ROOT)}")
+    for cfg, c in checks.items():
+        print(f"{cfg}: class (shape and direction) accuracy {c['class_accuracy']:.2f}, direction "
+              f"{c['direction_accuracy']:.2f}, mean motion {c['mean_motion_px']} px over {vm.FRAMES} frames"
+              f"{'' if c['finite'] else ' (NON-FINITE OUTPUT)'}")
+
+
+if __name__ == "__main__":
+    main()
