@@ -22,6 +22,14 @@ from .metrics import relative_l1_of
 
 
 
+def check_probe(label: str, front: int, back: int) -> None:
+    """Reject a block split with no probe (``front`` < 1) or a negative number of back blocks."""
+    if front < 1:
+        raise InterceptorError(f"{label}: 'Fn' must be at least 1: the first block is the probe.")
+    if back < 0:
+        raise InterceptorError(f"{label}: 'Bn' must be 0 or more, got {back}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class DBCache(Decider):
     kind = "dbcache"
@@ -41,10 +49,7 @@ class DBCache(Decider):
 
     def validate(self) -> None:
         super().validate()
-        if self.front < 1:
-            raise InterceptorError(f"{self.label}: 'Fn' must be at least 1: the first block is the probe.")
-        if self.back < 0:
-            raise InterceptorError(f"{self.label}: 'Bn' must be 0 or more, got {self.back}.")
+        check_probe(self.label, self.front, self.back)
         check_range(self.label, "threshold", self.threshold, 0.0)
         check_range(self.label, "warmup", self.warmup, 0.0, 1.0)
         check_range(self.label, "max_cached_steps", self.max_cached_steps, -1)

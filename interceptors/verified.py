@@ -41,7 +41,8 @@ import dataclasses
 import torch
 
 from .base import Decider
-from .kinds import Granularity, InterceptorError, check_range
+from .dbcache import check_probe
+from .kinds import Granularity, check_range
 from .metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -71,10 +72,7 @@ class VerifiedBlockCache(Decider):
 
     def validate(self) -> None:
         super().validate()
-        if self.front < 1:
-            raise InterceptorError(f"{self.label}: 'Fn' must be at least 1: the first block is the probe.")
-        if self.back < 0:
-            raise InterceptorError(f"{self.label}: 'Bn' must be 0 or more, got {self.back}.")
+        check_probe(self.label, self.front, self.back)
         check_range(self.label, "threshold", self.threshold, 0.0)
         check_range(self.label, "refresh_ratio", self.refresh_ratio, 1.0)
         check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
