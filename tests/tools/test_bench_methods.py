@@ -1,0 +1,17 @@
+"""The bench and the tests measure the same methods: every decider node of the shared method list
+(tests/support/methods.py) is discovered and swept by the bench, so a method added to the list and not to the
+bench's sweeps (or the other way round) fails here instead of drifting. The bench keeps its own settings per
+method: its sweeps are tuned to the trained digits model, the list's to the random tiny models."""
+import methods
+
+
+def test_the_bench_sweeps_every_method_of_the_shared_list(comfy):
+    import nodes
+    from bench_discover import Config, discover
+    found, skipped = discover(nodes, Config())
+    benched = {m.node for m in found}
+    listed = {entries[0][0] for entries in methods.NODES.values()}
+    assert listed - benched == set(), f"in the shared list, not on the bench: {sorted(listed - benched)}; {skipped}"
+    pack = {n for n in benched if n.startswith("CachedSampler")}
+    calibrations = {"CachedSamplerAutoCalibrate", "CachedSamplerMagCacheCalibrate"}  # make a chain from a run
+    assert pack - listed - calibrations == set(), f"on the bench, not in the shared list: {sorted(pack - listed)}"
