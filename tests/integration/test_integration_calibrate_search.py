@@ -1,6 +1,7 @@
 """Auto Calibrate's search (steps and forecast) through ComfyUI's executor, on the bundled digits model."""
 import math
 
+import pytest
 import torch
 
 import graphs
@@ -32,6 +33,7 @@ def _image_psnr(comfy, a, b):
     return 10 * math.log10(1.0 / float((x - y).pow(2).mean()))
 
 
+@pytest.mark.slow  # two seeds of a searched plan: about 40 s on a busy 2-core machine
 def test_the_searched_plan_meets_its_image_target_on_a_held_out_seed_with_less_work(comfy):
     prompt, sampling = _prompt(vae=["digits", 4], seeds=2)
     _sample(prompt, sampling, "out", 9, model="count")
