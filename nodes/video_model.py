@@ -371,6 +371,15 @@ def class_accuracy(videos, labels):
     return float(right.float().mean()), float(right_dir.float().mean())
 
 
+def learned_accuracy(videos, labels):
+    """Share of videos that show what the model learned of their class: the class's own colour (hue) and its
+    shape. The direction of motion, which it did not learn, is left out (:func:`class_accuracy` has it)."""
+    labels = torch.as_tensor(list(labels), dtype=torch.long)
+    _, shape = classify_videos(videos)
+    right = (hue_classes(videos) == labels) & (shape == labels // len(DIRECTIONS))
+    return float(right.float().mean())
+
+
 def hue_classes(videos):
     """The class [B] whose hue is nearest to that of each video's brightest pixels (every class has its own)."""
     v = videos.float()

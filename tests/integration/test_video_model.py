@@ -69,6 +69,9 @@ def test_decoder_is_fixed_lossy_and_consistent(video_model):
     # the generated data the model learnt from is recovered by the same check the samples get
     accuracy, direction = video_model.class_accuracy(videos, (torch.arange(16) % video_model.NUM_CLASSES).tolist())
     assert accuracy == 1.0 and direction == 1.0
+    assert video_model.learned_accuracy(videos, (torch.arange(16) % video_model.NUM_CLASSES).tolist()) == 1.0
+    wrong = ((torch.arange(16) + 1) % video_model.NUM_CLASSES).tolist()  # every label off by one class
+    assert video_model.learned_accuracy(videos, wrong) == 0.0
 
 
 def test_samples_are_deterministic_finite_move_and_follow_the_class(video_model, model):
@@ -81,6 +84,7 @@ def test_samples_are_deterministic_finite_move_and_follow_the_class(video_model,
     assert video_model.hue_classes(videos).tolist() == labels  # each class has its own colour
     _, shape = video_model.classify_videos(videos)
     assert float((shape == torch.tensor(labels) // 4).float().mean()) >= 0.75  # squares 0-3, discs 4-7
+    assert video_model.learned_accuracy(videos, labels) >= 0.75  # what the bench's accuracy column reads
     frames = videos.flatten(2)
     assert float((frames[:, 1:] - frames[:, :-1]).abs().mean()) > 0.005  # consecutive frames differ
     assert float(video_model.motion(videos).mean()) > 2.0  # the shape's centre of mass moves
