@@ -36,6 +36,7 @@ import torch
 
 from .base import Decider
 from .kinds import Granularity, InterceptorError, check_range
+from .memory import Footprint
 from .records import Evaluation
 from .run import Run
 from .taylorseer import TaylorSeer
@@ -96,6 +97,11 @@ class GuidanceCache(Decider):
         if self.estimate not in ESTIMATES:
             raise InterceptorError(
                 f"{self.label}: 'estimate' must be one of {', '.join(ESTIMATES)}, got {self.estimate!r}.")
+
+    @property
+    def footprint(self) -> Footprint:
+        """Its history (interceptors/memory.py): the forecast's points, and the last difference in adaptive mode."""
+        return Footprint("negative_branch", points=self._forecaster.order + 1 + (self.mode == "adaptive"))
 
     @property
     def never_skips(self) -> bool:

@@ -8,9 +8,13 @@ known before a 14B video model is loaded. Per CFG branch a run keeps:
   with TaylorSeer, up to ``window`` with Spectrum: one per computed step until the window is full); plus
   the decider's anchor: the probe block's image-stream residual (DBCache, First Block Cache) or block 0's
   modulated input (TeaCache; for Wan its timestep embedding e0); MagCache keeps only numbers;
-* whole-model methods (Fixed Cadence, Adaptive Cache): ``points`` model outputs in float32 (ComfyUI hands
-  the sampler float32), and the Adaptive Cache three more latent-sized tensors (its input and output
-  anchors and the last input).
+* whole-model methods (Fixed Cadence, Adaptive Cache, Verified Forecast): ``points`` model outputs in float32
+  (ComfyUI hands the sampler float32), and the Adaptive Cache three more latent-sized tensors (its input and
+  output anchors and the last input), Verified Forecast one (the input at the last computed step);
+* Verified Block Cache: what DBCache keeps, the back blocks' residual as one more segment (its full skip forecasts
+  them), and its probe residual kept ``points`` times (it forecasts it);
+* the Guidance Cache, for the negative branch only: its forecast's points of the guidance difference (or of the
+  negative prediction), latent-sized float32 (2 with a forecast, 1 reusing), one more in adaptive mode.
 
 With ``cache_on_cpu`` all of it goes to the CPU, the decider's anchors as well. A forward that
 computes also holds one clone of each segment's input while its blocks run (transient, not counted here),
@@ -29,15 +33,20 @@ FLOAT32 = 4
 class Footprint:
     """What a decider keeps between steps, per CFG branch.
 
-    ``cached``: ``"block_streams"`` (one residual per skippable segment and stream, in the compute dtype) or
-    ``"model_outputs"`` (model outputs, float32). ``anchor``: what the decider keeps to measure change against:
-    ``"probe_residual"`` (the probe block's image-stream residual), ``"modulated_input"`` (block 0's modulated
-    input; for Wan its timestep embedding e0), ``"model_anchors"`` (three latent-sized float32 tensors: input
-    and output anchors and the last input) or None (only numbers).
+    ``cached``: ``"block_streams"`` (one residual per skippable segment and stream, in the compute dtype;
+    ``"block_streams_and_back"``: the back blocks too, as one more segment),
+    ``"model_outputs"`` (model outputs, float32) or ``"negative_branch"`` (the Guidance Cache's history: ``points``
+    latent-sized float32 tensors for the negative branch alone, whatever the chain's estimator). ``anchor``: what
+    the decider keeps to measure change against: ``"probe_residual"`` (the probe block's image-stream residual),
+    ``"probe_points"`` (as many of those as the estimator keeps points: a verified probe forecasts its own),
+    ``"modulated_input"`` (block 0's modulated input; for Wan its timestep embedding e0), ``"model_anchors"``
+    (three latent-sized float32 tensors: input and output anchors and the last input), ``"model_input"`` (one:
+    the input at the last computed step) or None (only numbers).
     """
 
     cached: str
     anchor: str | None = None
+    points: int | None = None  # for "negative_branch": how many tensors the history keeps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +81,21 @@ class StreamShape:
                   "image": self.image_tokens}[self.layout]
         return tokens * self.hidden * self.stream_bytes
 
-    def anchor(self, footprint: Footprint) -> int:
-        """Bytes of one branch's anchor of a decider with ``footprint``."""
+    @property
+    def back_streams(self) -> int:
+        """Bytes of one branch's residual of the back blocks as a segment of their own (in the last block group,
+        whose streams are the image and text tokens joined, both streams, or the image stream alone)."""
+        tokens = self.image_tokens if self.layout == "image" else self.image_tokens + self.text_tokens
+        return tokens * self.hidden * self.stream_bytes
+
+    def anchor(self, footprint: Footprint, points: int = 1) -> int:
+        """Bytes of one branch's anchor of a decider with ``footprint`` (``points``: the estimator's)."""
         if footprint.anchor == "probe_residual":
             return self.image_stream
+        if footprint.anchor == "probe_points":
+            return points * self.image_stream
+        if footprint.anchor == "model_input":
+            return self.latent_elements * FLOAT32
         if footprint.anchor == "modulated_input":
             return 6 * self.hidden * self.stream_bytes if self.family == "wan" else self.image_stream
         if footprint.anchor == "model_anchors":
@@ -84,7 +104,8 @@ class StreamShape:
 
     def cached(self, footprint: Footprint, points: int) -> int:
         """Bytes of one branch's cached quantities, ``points`` of each."""
-        per_point = self.segment_streams if footprint.cached == "block_streams" else self.latent_elements * FLOAT32
+        per_point = {"block_streams": self.segment_streams, "block_streams_and_back": self.segment_streams
+                     + self.back_streams}.get(footprint.cached, self.latent_elements * FLOAT32)
         return points * per_point
 
 
@@ -106,10 +127,13 @@ def cache_memory(shape: StreamShape, method, order: int | None = None, cache_on_
     footprint = method.footprint
     if footprint is None:
         raise ValueError(f"{method.display_name} declares no cache footprint")
+    if footprint.cached == "negative_branch":  # its own history, of the negative branch only
+        held = footprint.points * shape.latent_elements * FLOAT32 if shape.branches > 1 else 0
+        return CacheMemory(0, held) if cache_on_cpu else CacheMemory(held, 0)
     if points is None:
         points = 1 if order is None else order + 1
     n = shape.branches if branches is None else branches
-    anchor, cached = n * shape.anchor(footprint), n * shape.cached(footprint, points)
+    anchor, cached = n * shape.anchor(footprint, points), n * shape.cached(footprint, points)
     # every kept tensor, anchors included, goes through the run's cache placement (LoopState.keep/to_cache)
     return CacheMemory(0, anchor + cached) if cache_on_cpu else CacheMemory(anchor + cached, 0)
 

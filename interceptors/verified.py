@@ -43,6 +43,7 @@ import torch
 from .base import Decider
 from .dbcache import check_probe
 from .kinds import Granularity, check_range
+from .memory import Footprint
 from .metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -60,6 +61,7 @@ def _sums_measure(terms: list[torch.Tensor], group) -> Measure:
 @dataclasses.dataclass(frozen=True)
 class VerifiedBlockCache(Decider):
     kind = "verified_blocks"
+    footprint = Footprint("block_streams_and_back", anchor="probe_points")
     display_name = "Verified Block Cache"
     granularity = Granularity.BLOCKS
     signal = "probe_residual"
@@ -194,6 +196,7 @@ class VerifiedBlockCache(Decider):
 @dataclasses.dataclass(frozen=True)
 class VerifiedForecast(Decider):
     kind = "verified_forecast"
+    footprint = Footprint("model_outputs", anchor="model_input")
     display_name = "Verified Forecast"
     granularity = Granularity.MODEL
     signal = "model_input"

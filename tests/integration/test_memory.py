@@ -54,7 +54,10 @@ TINY_FLUX = memory.StreamShape("tiny Flux", "flux", "joint", image_tokens=64, te
                                latent_elements=16 * 16 * 16, branches=2, stream_bytes=4)
 # The shared list's methods (tests/support/methods.py) that are one decider declaring a cache footprint, with their settings
 # that skip on the tiny Flux.
-COUNTED = [name for name, chain in methods.skipping(ic).items() if len(chain) == 1 and chain[0].footprint is not None]
+COUNTED = [name for name, chain in methods.skipping(ic).items()
+           if len(chain) == 1 and chain[0].footprint is not None and chain[0].footprint.cached != "negative_branch"]
+# The verified methods come with their estimator in the shared list (their check is of its forecast).
+VERIFIED = [name for name in methods.NAMES if name.startswith("verified")]
 
 
 # TaylorSeer of order 2 holds its 3 points only after 3 computed steps: TeaCache's shared setting skips nearly every
@@ -159,3 +162,31 @@ def test_a_wan_run_holds_what_the_memory_table_predicts(comfy, method):
     tiny_wan = memory.StreamShape("tiny Wan", "wan", "image", image_tokens=128, text_tokens=0, hidden=64,
                                   latent_elements=16 * 2 * 16 * 16, branches=2, stream_bytes=4)
     assert sum(runs[0].cache_peak_bytes.values()) == memory.cache_memory(tiny_wan, decider, 1).total
+
+
+@pytest.mark.parametrize("name", VERIFIED)
+def test_a_verified_method_holds_what_the_memory_table_predicts(comfy, sample_tiny_flux, name):
+    """With the estimator it checks (the shared list's chain): the model outputs and the input anchor (Verified
+    Forecast), or the segment residuals and the probe's own points (Verified Block Cache)."""
+    core = comfy.module("interceptors")
+    chain = methods.skipping(core)[name]
+    run = sample_tiny_flux(chain)
+    assert sum(r.skipped for r in run.records) >= 2, "the run must really skip for its caches to fill"
+    computed = sum(not r.skipped for r in run.records)
+    points = min(chain[1].order + 1, computed)  # TaylorSeer keeps one point per computed step up to order + 1
+    assert sum(run.cache_peak_bytes.values()) == memory.cache_memory(TINY_FLUX, chain[0], points=points).total
+
+
+@pytest.mark.parametrize("settings, points", [(dict(), 2), (dict(estimate="negative reuse"), 1),
+                                              (dict(mode="adaptive", threshold=10.0, interval=3), 3)])
+def test_the_guidance_cache_holds_its_history_of_the_negative_branch_only(comfy, sample_tiny_flux, settings, points):
+    """The forecast's points of one latent-sized tensor for the negative branch (the positive one is never kept),
+    one more in adaptive mode for the last difference; nothing at all at cfg 1 (one branch)."""
+    core = comfy.module("interceptors")
+    gc = core.GuidanceCache(**{"interval": 2, "start_percent": 0.0, "end_percent": 1.0, **settings})
+    run = sample_tiny_flux([gc])
+    assert any(r.branches.get("uncond") is False for r in run.records), "the negative branch must be left out"
+    held = sum(run.cache_peak_bytes.values())
+    assert held == memory.cache_memory(TINY_FLUX, gc).total == points * TINY_FLUX.latent_elements * 4
+    assert memory.cache_memory(dataclasses.replace(TINY_FLUX, branches=1), gc).total == 0
+
