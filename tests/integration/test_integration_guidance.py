@@ -142,7 +142,7 @@ def test_context_windows(comfy):
     work = dict(CAPTURED["work"])
     assert torch.isfinite(CAPTURED["out"]).all()
     assert 0 in work["negative_rows"] and any(work["negative_rows"]), work["negative_rows"]
-    assert "acted: Guidance Cache" in ui["sampler"]["text"][0]
+    assert ui["sampler"]["cached_sampler"][0]["runs"][0]["acted"] == ["Guidance Cache (node gc)"]  # what the node returns
 
 
 def test_other_guider_layouts_are_left_alone_with_a_note(comfy):
@@ -330,7 +330,7 @@ def _windowed(comfy, monkeypatch, schedule, frames=24, steps=8, kept=None):
     chain = graphs.config(prompt, "gc", "CachedSamplerGuidanceCache", **MODERATE)
     graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=steps)
     _, ui = comfy.run(prompt)
-    assert "acted: Guidance Cache" in ui["sampler"]["text"][0]
+    assert ui["sampler"]["cached_sampler"][0]["runs"][0]["acted"] == ["Guidance Cache (node gc)"]  # what the node returns
     return CAPTURED["out"].clone(), dict(CAPTURED["work"]), evaluations
 
 
