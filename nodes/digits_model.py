@@ -165,11 +165,6 @@ def load_tables(path=None):
     return {k: tensors[k].clone() for k in keys}
 
 
-def load_metadata(path=None):
-    """The safetensors metadata (string -> string) of the weights file."""
-    return dict(_load_file_cached(os.path.abspath(path or WEIGHTS_PATH))[1])
-
-
 def load_model(path=None, device="cpu", dtype=torch.float32):
     """Load the committed model as a ComfyUI ModelPatcher ready to sample.
 
@@ -215,11 +210,6 @@ def class_conditioning(labels, tables=None):
     positive = [[context, {"pooled_output": pooled}]]
     negative = [[torch.zeros_like(context), {"pooled_output": torch.zeros_like(pooled)}]]
     return positive, negative
-
-
-def label_conditioning(label, batch=1, tables=None):
-    """(positive, negative) CONDITIONING for ``batch`` copies of one label."""
-    return class_conditioning([int(label)] * batch, tables=tables)
 
 
 # ------------------------------------------------------------ "VAE" ----

@@ -282,11 +282,6 @@ def load_tables(path=None):
     return {k: tensors[k].clone() for k in ("class_context", "latent_mean", "latent_std")}
 
 
-def load_metadata(path=None):
-    """The safetensors metadata (string -> string) of the weights file."""
-    return dict(_load_file_cached(os.path.abspath(path or WEIGHTS_PATH))[1])
-
-
 def load_model(path=None, device="cpu", dtype=torch.float32):
     """Load the committed model as a ComfyUI ModelPatcher ready to sample: the config from the file's
     metadata, the network built with :func:`build_model`, and the ``diffusion_model.*`` weights through the
