@@ -56,7 +56,7 @@ def digits_workload(config: Config) -> Workload:
 
 def video_workload(config: Config) -> Workload:
     nodes = {"video": {"class_type": "CachedSamplerVideoModel", "inputs": {"classes": config.classes}}}
-    return Workload("video", nodes, ["video", 0], ["video", 1], ["video", 2], ["video", 3])
+    return Workload("video", nodes, ["video", 0], ["video", 1], ["video", 2], ["video", 3], ["video", 4])
 
 
 def measured_workload(config: Config) -> Workload:
