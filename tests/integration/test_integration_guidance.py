@@ -60,8 +60,9 @@ def _run(comfy, guidance=None, case=None, family="flux", cadence=None, steps=8, 
     graphs.sampler(prompt, node, chain=chain, model="count", steps=steps, cfg=cfg, sampler=sampler)
     prompt["sampler"]["inputs"]["positive"] = positive
     _, ui = comfy.run(prompt)
-    text = ui["sampler"]["text"][0] if chain else ""
-    return CAPTURED["out"].clone(), dict(CAPTURED["work"]), text
+    # what the node returns of its run: who acted, per-branch counts (computed, seen), notes
+    run = ui["sampler"]["cached_sampler"][0]["runs"][0] if chain else {"acted": [], "branches": {}, "notes": []}
+    return CAPTURED["out"].clone(), dict(CAPTURED["work"]), run
 
 
 CASES = ["plain", "multi_positive", "area", "CFGNorm", "APG", "SLG", "heun", "dpmpp_2s_ancestral"]
@@ -75,12 +76,14 @@ def test_interval_one_is_bit_identical_and_interval_two_leaves_negative_rows_out
     same, same_work, _ = _run(comfy, NEVER, case=patch, sampler=sampler)
     assert torch.equal(ref, same), f"interval 1 must be bit-identical ({case})"
     assert same_work["rows"] == ref_work["rows"]
-    cached, work, text = _run(comfy, MODERATE, case=patch, sampler=sampler)
+    cached, work, run = _run(comfy, MODERATE, case=patch, sampler=sampler)
     assert torch.isfinite(cached).all()
     assert work["rows"] < ref_work["rows"], f"no rows left out ({case}): {work['rows']} vs {ref_work['rows']}"
     assert sum(work["negative_rows"]) < sum(ref_work["negative_rows"])
     assert work["forwards"] == ref_work["forwards"], "every evaluation still runs the positive rows"
-    assert "acted: Guidance Cache" in text and "uncond" in text, text
+    assert any(a.startswith("Guidance Cache") for a in run["acted"]), run["acted"]
+    done, seen = run["branches"]["uncond"]
+    assert done < seen == run["branches"]["cond"][1], run["branches"]
     # The estimate was really used (the trained-model quality is measured by tools/studies/bench_guidance.py).
     assert not torch.equal(cached, ref)
 
@@ -109,26 +112,26 @@ def test_agreement_mode_leaves_out_agreeing_branches_and_threshold_zero_is_bit_i
 
 def test_cfg_one_does_nothing_and_says_so(comfy):
     ref, ref_work, _ = _run(comfy, cfg=1.0)
-    same, work, text = _run(comfy, MODERATE, cfg=1.0)
+    same, work, run = _run(comfy, MODERATE, cfg=1.0)
     assert torch.equal(ref, same) and work["rows"] == ref_work["rows"]
-    assert "at cfg 1 ComfyUI computes no negative branch" in text, text
+    assert any("at cfg 1 ComfyUI computes no negative branch" in n for n in run["notes"]), run["notes"]
 
 
 def test_separate_branch_calls_are_computed_in_full_with_a_note(comfy):
     """Skip Layer Guidance (Simple) computes the positive and the negative branch in two calls of its own."""
     ref, ref_work, _ = _run(comfy, case="SLG simple")
-    same, work, text = _run(comfy, MODERATE, case="SLG simple")
+    same, work, run = _run(comfy, MODERATE, case="SLG simple")
     assert torch.equal(ref, same) and work["rows"] == ref_work["rows"]
-    assert "separate calls" in text, text
+    assert any("separate calls" in n for n in run["notes"]), run["notes"]
 
 
 def test_chained_with_a_step_schedule_skips_both(comfy):
     ref, ref_work, _ = _run(comfy, cadence=3, steps=12)
-    cached, work, text = _run(comfy, MODERATE, cadence=3, steps=12)
+    cached, work, run = _run(comfy, MODERATE, cadence=3, steps=12)
     assert torch.isfinite(cached).all()
     assert work["forwards"] == ref_work["forwards"], "the step schedule is the same"
     assert sum(work["negative_rows"]) < sum(ref_work["negative_rows"])
-    assert "Fixed Cadence" in text and "Guidance Cache" in text
+    assert sorted(a.split(" (")[0] for a in run["acted"]) == ["Fixed Cadence", "Guidance Cache"], run["acted"]
 
 
 def test_context_windows(comfy):
@@ -233,10 +236,10 @@ def test_cfg_pp_sampler_at_cfg_one_leaves_negative_rows_out(comfy):
     Cache works there and says nothing about cfg 1."""
     ref, ref_work, _ = _run(comfy, cfg=1.0, sampler="euler_cfg_pp")
     assert all(ref_work["negative_rows"]), "CFG++ at cfg 1 runs the negative branch on every evaluation"
-    cached, work, text = _run(comfy, MODERATE, cfg=1.0, sampler="euler_cfg_pp")
+    cached, work, run = _run(comfy, MODERATE, cfg=1.0, sampler="euler_cfg_pp")
     assert torch.isfinite(cached).all()
     assert sum(work["negative_rows"]) < sum(ref_work["negative_rows"]), work["negative_rows"]
-    assert "no negative branch to skip" not in text, text
+    assert not any("no negative branch to skip" in n for n in run["notes"]), run["notes"]
 
 
 def test_a_window_that_never_opens_leaves_the_step_cache_alone(comfy):
