@@ -24,9 +24,10 @@ log = logging.getLogger("cached_sampler")
 
 
 class LoopState:
-    """Everything one sampling run learns: step position, decisions, caches and the profile.
+    """Everything one sampling run learns: step position, decisions, caches and the profile. It implements
+    :class:`~.run.Run`, the part methods may use; the rest is the engine's.
 
-    Each interceptor keeps what it learns in its own typed state (:meth:`state_of`, :meth:`branch_of`), the
+    ``card`` is the model the run samples (given when the run is made). Each interceptor keeps what it learns in its own typed state (:meth:`state_of`, :meth:`branch_of`), the
     estimator's cached values live in one :class:`BranchCache` per branch (``caches``), and the generic
     decision bookkeeping in one :class:`DecisionRecord` per decider. ``percent_to_sigma`` maps a schedule
     percent to the model's sigma (ComfyUI's convention for start/end percents); without it, percents are
@@ -35,7 +36,8 @@ class LoopState:
     the run is the whole schedule. ``cache_device`` is where every tensor kept across evaluations lives
     (estimator slots, block residuals, decider anchors); arithmetic on them happens on the compute device.
     ``group`` (a :class:`~.distributed.RankGroup`, None in one process) is set when ranks share the sequence:
-    metrics are reduced over it and every decision is agreed by all of its ranks.
+    metrics are reduced over it and every decision is agreed by all of its ranks. ``guidance_decider``,
+    ``model_decider`` and ``block_decider`` are the chain's decider of each engine level, looked up once.
     """
 
     def __init__(self, chain: InterceptorChain, sample_sigmas: Sequence[float],
