@@ -265,8 +265,10 @@ def train(dm, args):
 
 # -------------------------------------------------------------- output ----
 
-def save(path, state, tables, config, info, args):
-    """Write EMA weights, tables and metadata to a safetensors file."""
+def save(path, state, tables, config, info, args, **described):
+    """Write EMA weights, tables and metadata to a safetensors file: the training settings of ``args``, what
+    ``info`` measured, and what ``described`` says of the model (format, config class, recipe, data; the digits
+    model's by default)."""
     from safetensors.torch import save_file
 
     tensors = {"diffusion_model." + k: v for k, v in state.items()}
@@ -278,6 +280,7 @@ def save(path, state, tables, config, info, args):
         "recipe": "rectified flow (eps - x0 target), t 50% logit-normal / 50% uniform, "
                   "10% label dropout, AdamW cosine, EMA",
         "data": "sklearn.datasets.load_digits",
+        **described,
         "seed": str(args.seed), "ema": str(args.ema), "lr": str(args.lr),
         "batch": str(args.batch), "label_dropout": str(args.label_dropout),
     }

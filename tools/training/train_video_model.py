@@ -166,25 +166,16 @@ def train(vm, args):
 # -------------------------------------------------------------- output ----
 
 def save(path, state, tables, config, info, args):
-    """Write EMA weights, tables and metadata to a safetensors file."""
-    from safetensors.torch import save_file
-
-    tensors = {"diffusion_model." + k: v for k, v in state.items()}
-    tensors.update({k: v.contiguous() for k, v in tables.items()})
-    metadata = {
+    """Write EMA weights, tables and metadata to a safetensors file (the digits model's writer, described as this
+    model)."""
+    common.save(path, state, tables, config, info, args, **{
         "format": "tiny_wan_video/1",
         "model_config_class": "comfy.supported_models.WAN21_T2V",
-        "unet_config": json.dumps(config),
         "recipe": "rectified flow (eps - x0 target, timestep 1000 t), t 1/3 uniform, 1/3 logit-normal, "
                   "1/3 shift-3 uniform, 10% label dropout, AdamW cosine, EMA",
         "data": "procedural moving shapes (nodes/video_model.py make_videos), 8 frames 32x32 RGB",
         "classes": json.dumps(list(CLASSES_FROM_MODULE)),
-        "seed": str(args.seed), "ema": str(args.ema), "lr": str(args.lr), "batch": str(args.batch),
-        "label_dropout": str(args.label_dropout),
-    }
-    metadata.update({k: str(v) for k, v in info.items()})
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    save_file(tensors, path, metadata=metadata)
+    })
 
 
 CLASSES_FROM_MODULE = ()
