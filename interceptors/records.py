@@ -111,24 +111,24 @@ class Evaluation:
         """Whether the sigma has been read (always, for an evaluation begun at a number)."""
         return self.pending_sigma is None
 
-    def _placed(self, what: str) -> None:
+    def _require_place(self, what: str) -> None:
         if self.pending_sigma is not None:
             raise PlaceNotRead(f"evaluation {self.index}'s {what} is still on the device: read it first "
                                f"(LoopState.read_place)")
 
     @property
     def sigma(self) -> float:
-        self._placed("sigma")
+        self._require_place("sigma")
         return self._sigma
 
     @property
     def step(self) -> int:
-        self._placed("step")
+        self._require_place("step")
         return self._step
 
     @property
     def position(self) -> int:
-        self._placed("position")
+        self._require_place("position")
         return self._position
 
     @property
