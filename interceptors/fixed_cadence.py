@@ -3,6 +3,12 @@
 The reference interceptor, and the schedule of FORA (arXiv 2407.01425) and of TaylorSeer's
 "activated steps" (Liu et al., ICCV 2025, arXiv 2503.06923). It works at whole-model level on every
 model ComfyUI can sample.
+
+With ``growth`` it is Spectrum's growing schedule (Han et al., CVPR 2026, arXiv 2603.01623; the reference
+code's ``window_size`` and ``flex_window``): the gap starts at ``interval`` and grows by ``growth`` after each
+evaluation the cadence computes, the gap used being its whole part, so the computed evaluations thin out
+as the image settles. Evaluations computed for another reason (the first, the last step, outside the
+start/end window, a branch without a cache yet) do not grow it, as the reference's warm-up steps do not.
 """
 from __future__ import annotations
 
@@ -15,7 +21,6 @@ from .run import Run
 from .memory import Footprint
 
 
-
 @dataclasses.dataclass(frozen=True)
 class FixedCadence(Decider):
     kind = "fixed_cadence"
@@ -25,13 +30,28 @@ class FixedCadence(Decider):
     granularity = Granularity.MODEL
 
     interval: int = 2
+    growth: float = 0.0
+
+    @dataclasses.dataclass
+    class RunState:
+        gap: float | None = None  # the current gap of the growing schedule (None: still ``interval``)
 
     def validate(self) -> None:
         super().validate()
         if int(self.interval) != self.interval or self.interval < 1:
             raise InterceptorError(f"{self.label}: 'interval' must be a whole number >= 1, got {self.interval}.")
+        if not 0.0 <= self.growth <= MAX_GROWTH:
+            raise InterceptorError(f"{self.label}: 'growth' must be between 0 and {MAX_GROWTH:g}, got {self.growth}.")
 
     def decide(self, run: Run, ev: Evaluation, signals, measured) -> bool:
+        state = run.state_of(self)
+        gap = float(self.interval) if state.gap is None else state.gap
         since = run.evaluations_since_compute(self)
-        run.report_metric(self, float(since + 1), float(self.interval))
-        return since + 1 >= self.interval
+        run.report_metric(self, float(since + 1), float(int(gap)))
+        compute = since + 1 >= int(gap)
+        if compute and self.growth:
+            state.gap = gap + self.growth
+        return compute
+
+
+MAX_GROWTH = 16.0

@@ -16,6 +16,7 @@ from ..interceptors import (AdaptiveCache, DBCache, FirstBlockCache, FixedCadenc
                             Spectrum, TaylorSeer, TeaCache, VerifiedBlockCache, VerifiedForecast)
 from ..interceptors import guidance as guidance_method
 from ..interceptors import magcache as magcache_method
+from ..interceptors.fixed_cadence import MAX_GROWTH as FIXED_CADENCE_MAX_GROWTH
 from ..interceptors import teacache as teacache_method
 from .common import CONFIG_CATEGORY, PREFIX, chain_input, chain_output, extend, node_label, percent_inputs
 
@@ -54,12 +55,16 @@ FixedCadenceNode = config_node(
     "FixedCadence", "Fixed Cadence",
     "Computes the model every N-th step and reuses the last computed result in between (or a TaylorSeer "
     "forecast, if one is chained). Works on every model. The FORA / TaylorSeer schedule (arXiv 2407.01425, "
-    "2503.06923).",
+    "2503.06923); with 'growth', Spectrum's growing one (arXiv 2603.01623).",
     [io.Int.Input("interval", default=2, min=1, max=100, tooltip=(
         "Compute every N-th step; 1 computes every step (no caching), 2 halves the model work.")),
-     *percent_inputs()],
-    lambda interval, start_percent, end_percent: FixedCadence(
-        interval=interval, start_percent=start_percent, end_percent=end_percent))
+     *percent_inputs(),
+     io.Float.Input("growth", default=0.0, min=0.0, max=FIXED_CADENCE_MAX_GROWTH, step=0.05, optional=True, tooltip=(
+         "Spectrum's growing schedule (its flex_window): after each step the cadence computes, the interval grows "
+         "by this much (its whole part is used), so computed steps thin out as the image settles. 0: a fixed "
+         "interval."))],
+    lambda interval, start_percent, end_percent, growth=0.0: FixedCadence(
+        interval=interval, start_percent=start_percent, end_percent=end_percent, growth=growth))
 
 _DBCACHE_THRESHOLD = ("Relative L1 change of the probe blocks' residual since the last computed step under which "
                       "the middle blocks are skipped. 0 disables caching (bit-identical output). Flux: 0.08-0.2; "

@@ -137,9 +137,16 @@ def test_typed_state_is_per_run_and_per_branch():
 
 
 def test_state_without_a_declared_dataclass_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Stateless(ic.Decider):
+        kind = "stateless"
+
+        def decide(self, run, ev, signals, measured):
+            return True
+
     run = ic.LoopState(ic.InterceptorChain(), [1.0, 0.0])
     with pytest.raises(TypeError, match="RunState"):
-        run.state_of(ic.FixedCadence())
+        run.state_of(Stateless())
 
 
 def test_a_note_is_said_once_and_reaches_the_summary(caplog):

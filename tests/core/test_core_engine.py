@@ -49,6 +49,32 @@ def test_fixed_cadence_interval_2_computes_half_and_reuses_in_between():
     assert summary.evaluations_skipped == 3 and summary.branches["cond"] == (5, 8)
 
 
+def computed_evaluations(decider, steps: int) -> list[int]:
+    """The evaluations ``decider`` computes over ``steps`` steps of one branch (a whole-model forward each)."""
+    sigmas = [1.0 - i / steps for i in range(steps)] + [0.0]
+    run = ic.LoopState(ic.InterceptorChain.of([decider]), sigmas)
+    model, x = CountingModel(), torch.ones(1, 3)
+    for sigma in sigmas[:-1]:
+        run.begin_evaluation(sigma)
+        s = torch.full((1,), sigma)
+        fwd = run.begin_forward(sigma, 1, (3,), x.dtype, [0], ["c"])
+        run.end_forward(fwd, model_forward(run, fwd, x, s, lambda: model(x, s)))
+        run.end_evaluation()
+    return [i for i, r in enumerate(run.records) if not r.skipped]
+
+
+def test_growing_cadence_widens_the_gap_after_each_step_it_computes():
+    # Spectrum's schedule (window_size 1, flex_window 1): gaps 1, 2, 3, 4, 5 after the first evaluation, which is
+    # computed for being the first and so does not grow the gap; the last step is always computed
+    assert computed_evaluations(ic.FixedCadence(interval=1, growth=1.0), 20) == [0, 1, 3, 6, 10, 15, 19]
+    # the whole part of the gap is used: 2, 2, 3, 3, 4 (2 + 0.5 per computed step)
+    assert computed_evaluations(ic.FixedCadence(interval=2, growth=0.5), 16) == [0, 2, 4, 7, 10, 14, 15]
+    # no growth is the fixed cadence
+    assert computed_evaluations(ic.FixedCadence(interval=3, growth=0.0), 10) == [0, 3, 6, 9]
+    with pytest.raises(ic.InterceptorError, match="growth"):
+        ic.InterceptorChain.of([ic.FixedCadence(interval=2, growth=-1.0)])
+
+
 def test_interval_1_is_bit_identical_to_no_chain():
     x = torch.randn(2, 4)
     plain = drive(ic.LoopState(ic.InterceptorChain(), SIGMAS), CountingModel(), x)

@@ -14,6 +14,8 @@ def skipping(ic) -> dict[str, list]:
         "fixed cadence + taylorseer": [ic.FixedCadence(interval=3), ic.TaylorSeer(order=2)],
         # window 4, degree 2: the Chebyshev fit takes part from the 4th computed step (step 6 of 8) on
         "fixed cadence + spectrum": [ic.FixedCadence(interval=2), ic.Spectrum(window=4, degree=2)],
+        # Spectrum's growing schedule: 8 steps computed at 0, 1, 3, 6 and the last (gaps 1, 2, 3)
+        "growing cadence + spectrum": [ic.FixedCadence(interval=1, growth=1.0), ic.Spectrum(window=4, degree=1)],
         "adaptive": [ic.AdaptiveCache(threshold=0.6, **WINDOW)],
         "dbcache": [ic.DBCache(threshold=1.0, warmup=0.0)],
         "dbcache + taylorseer": [ic.DBCache(front=1, back=1, threshold=50.0, warmup=0.0, max_consecutive_cached=2,
@@ -36,6 +38,7 @@ def never_skips(ic) -> dict[str, list]:
         "fixed cadence": [ic.FixedCadence(interval=1)],
         "fixed cadence + taylorseer": [ic.FixedCadence(interval=1), ic.TaylorSeer(order=2)],
         "fixed cadence + spectrum": [ic.FixedCadence(interval=1), ic.Spectrum(window=4, degree=2)],
+        "growing cadence + spectrum": [ic.FixedCadence(interval=1, growth=0.0), ic.Spectrum(window=4, degree=1)],
         "adaptive": [ic.AdaptiveCache(threshold=0.0, **WINDOW)],
         "dbcache": [ic.DBCache(threshold=0.0, warmup=0.0)],
         "dbcache + taylorseer": [ic.DBCache(front=1, back=1, threshold=0.0, warmup=0.0, **WINDOW),
@@ -52,7 +55,7 @@ def never_skips(ic) -> dict[str, list]:
     }
 
 
-NAMES = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "adaptive", "dbcache",
+NAMES = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "growing cadence + spectrum", "adaptive", "dbcache",
          "dbcache + taylorseer", "fbcache", "teacache", "magcache", "guidance cache", "guidance cache + fixed cadence",
          "guidance agreement", "verified forecast + taylorseer", "verified blocks + taylorseer"]
 # Methods that act on the negative CFG branch only: at cfg 1 ComfyUI runs none, so they have nothing to skip.
@@ -76,6 +79,9 @@ NODES: dict[str, list[tuple[str, dict, dict]]] = {
     "fixed cadence + spectrum": [(_FC, dict(interval=2, **WINDOW), dict(interval=1, **WINDOW)),
                                  ("CachedSamplerSpectrum", dict(window=4, degree=2, ridge=0.1, blend=0.5, order=1),
                                   dict(window=4, degree=2, ridge=0.1, blend=0.5, order=1))],
+    "growing cadence + spectrum": [(_FC, dict(interval=1, growth=1.0, **WINDOW), dict(interval=1, growth=0.0, **WINDOW)),
+                                   ("CachedSamplerSpectrum", dict(window=4, degree=1, ridge=0.1, blend=0.5, order=1),
+                                    dict(window=4, degree=1, ridge=0.1, blend=0.5, order=1))],
     "adaptive": [("CachedSamplerAdaptiveCache", dict(threshold=2.0, max_consecutive_cached=-1, **WINDOW),
                   dict(threshold=0.0, max_consecutive_cached=-1, **WINDOW))],
     "dbcache": [("CachedSamplerDBCache", dict(Fn=1, Bn=0, threshold=1.0, warmup=0.0, max_consecutive_cached=3, **_DB),

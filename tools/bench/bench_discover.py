@@ -297,6 +297,19 @@ def schedule_grid(cls, knobs: list[str], config: Config) -> list[dict]:
     return grid
 
 
+def growing_grid(config: Config) -> list[dict]:
+    """Fixed Cadence's growing schedule swept as the Spectrum ports are (SCHEDULE_GRID's window_size as
+    ``interval``, its flex_window as ``growth``): first interval 1 without growth (every step computed)."""
+    windows = config.sweeps.get("schedule.window_size", SCHEDULE_GRID["window_size"])
+    growths = config.sweeps.get("schedule.flex_window", SCHEDULE_GRID["flex_window"])
+    grid = [{"interval": 1, "growth": 0.0}]
+    for window, growth in itertools.product(windows, growths):
+        setting = {"interval": max(1, int(window)), "growth": float(growth)}
+        if setting not in grid:
+            grid.append(setting)
+    return grid
+
+
 def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
     """The methods to benchmark, from the node ids ComfyUI has loaded right now; and what was found
     but cannot be benchmarked (with why)."""
@@ -369,6 +382,12 @@ def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
             continue
         add_with_taylorseer(Method(key, label, label, "pack", node_id, param, sweep(key, cls, param), fixed,
                                    zero=zero))
+        if key == "fixed_cadence" and "growth" in inputs:  # Spectrum's growing schedule, on the peers' grid
+            values = growing_grid(config)
+            fixed, _ = widget_defaults(cls, skip=("interval", "growth"))
+            name = f"{label} (growing)"
+            add_with_taylorseer(Method("fixed_cadence_growing", name, name, "pack", node_id, "schedule", values,
+                                       fixed, zero=values[0]))
         calibrator = next((c for c, target in CALIBRATORS.items() if target == node_id and c in mappings), None)
         if calibrator is not None:
             # The same node on a curve recorded from this model by its calibration node (one uncached run

@@ -82,7 +82,10 @@ def build_prompt(config: Config, wl: Workload, method: Method | None, value, ste
     model, chain, sampler = "work", None, "KSampler"
     if method is not None and method.kind == "chain":
         inputs = dict(method.fixed)
-        inputs[method.param] = value
+        if isinstance(value, dict):  # a setting of several inputs (a growing cadence)
+            inputs.update(value)
+        else:
+            inputs[method.param] = value
         prompt["m_config"] = {"class_type": method.node, "inputs": inputs}
         chain, sampler = "m_config", "CachedSampler"
         if method.taylorseer is not None:
