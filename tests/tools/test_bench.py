@@ -144,6 +144,13 @@ def test_sweep_extension_and_targets_without_comfyui():
     versus = analysis["versus"]["A"]["EasyCache"]
     assert versus == {"better": 12, "equal": 4, "worse": 0, "beats": True}
 
+    # a chain refused at every setting is named apart, not scored as a method that saves nothing
+    refused = rows + [{"method": "R", "family": "R", "source": "pack", "error": "prompt failed: refused"}] * 2
+    analysis = bench.analyse(refused)
+    assert "R" not in analysis["targets"] and analysis["refused"] == {"R": "prompt failed: refused"}
+    partly = refused[:-1] + [{"method": "R", "family": "R", "source": "pack", "psnr": 36.0, "work": 0.6}]
+    assert bench.analyse(partly)["targets"]["R"]["35"] == 0.4
+
 
 def test_device_flag_reaches_comfyui_and_the_overhead_definition(results):
     """``--device cuda`` asks ComfyUI for its GPU and defines overhead as wall time; the default stays on the CPU

@@ -68,7 +68,12 @@ def analyse(rows: list[dict], fewer: list[dict] | None = None) -> dict:
     by_method: dict[str, list] = {}
     for r in rows:
         by_method.setdefault(r["method"], []).append(r)
+    # a chain refused at every setting (an estimator after a decider that forecasts itself) measured nothing:
+    # named apart instead of a row of 0%
+    refused = {m: rs[0]["error"] for m, rs in by_method.items() if all(r.get("error") for r in rs)}
+    by_method = {m: rs for m, rs in by_method.items() if m not in refused}
     out = _analyse(by_method)
+    out["refused"] = refused
     if fewer:
         out.update(analyse_fewer_steps(by_method, fewer))
     return out
@@ -248,6 +253,9 @@ def targets_table(results: dict, steps: str) -> list[str]:
         if over is not None:
             cells.append(_fmt_versus(over.get(method)))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    if w.get("refused"):
+        lines += ["", "Not in the table, every setting having failed: "
+                  + "; ".join(f"{m} ({error})" for m, error in w["refused"].items()) + "."]
     return lines
 
 
