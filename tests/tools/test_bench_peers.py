@@ -65,8 +65,11 @@ class FakeSpectrum:
         m.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, "fake_spectrum", reset)
         m.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, "fake_spectrum", step)
         diffusion = m.model.diffusion_model
-        for name in ("double_block", "single_block"):
-            for i in range(len(getattr(diffusion, name + "s"))):
+        # as judian17's port: Flux's double and single blocks, or Wan's blocks, which take "double_block" slots
+        groups = {"double_block": getattr(diffusion, "double_blocks", None) or getattr(diffusion, "blocks", None),
+                  "single_block": getattr(diffusion, "single_blocks", None)}
+        for name, blocks in groups.items():
+            for i in range(len(blocks or ())):
                 m.set_model_patch_replace(block, "dit", name, i)
         return (m,)
 
@@ -100,8 +103,7 @@ def test_spectrum_port_becomes_a_schedule_sweep_without_comfyui():
                         {"warmup_steps": 1, "window_size": 2.0, "flex_window": 0.0}]
 
 
-@pytest.fixture(scope="module")
-def results(comfy, tmp_path_factory):
+def bench_with_fake_port(comfy, out, model: str = "digits") -> dict:
     import nodes
 
     import bench
@@ -109,12 +111,27 @@ def results(comfy, tmp_path_factory):
     sweeps = {"fixed_cadence": [1, 2], "schedule.warmup_steps": [1], "schedule.window_size": [1.0, 2.0],
               "schedule.flex_window": [0.0]}
     config = bench.Config(steps=[5], repeats=[1], taylorseer=[], sweeps=sweeps, only=["peer:FakeSpectrum",
-                          "fixed_cadence"], overhead=False, other_packs=False,
-                          out=str(tmp_path_factory.mktemp("bench_peers")), plot=False, verbose=False, extend=0)
+                          "fixed_cadence"], overhead=False, other_packs=False, out=str(out), plot=False,
+                          verbose=False, extend=0, model=model, classes="01")
     try:
         return bench.run_bench(config, comfy=comfy)
     finally:
         del nodes.NODE_CLASS_MAPPINGS["FakeSpectrum"]
+
+
+@pytest.fixture(scope="module")
+def results(comfy, tmp_path_factory):
+    return bench_with_fake_port(comfy, tmp_path_factory.mktemp("bench_peers"))
+
+
+@pytest.mark.slow
+def test_a_port_on_the_video_model_has_its_work_counted_on_wan_blocks(comfy, tmp_path):
+    # Wan keeps its blocks in ``blocks`` behind "double_block" slots: the counting on the block modules finds them
+    rows = [r for r in bench_with_fake_port(comfy, tmp_path, "video")["video"]["5"]["rows"]
+            if r["node"] == "FakeSpectrum"]
+    off, skipping = rows
+    assert off["identical"] and off["work"] == 1.0
+    assert skipping["error"] is None and skipping["blocks"] > 0 and skipping["work"] == pytest.approx(3 / 5)
 
 
 def test_spectrum_port_is_swept_and_its_work_counted(results):

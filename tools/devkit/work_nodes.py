@@ -64,9 +64,18 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
                 modules["seconds"] += time.perf_counter() - started
                 modules["cpu_seconds"] += time.process_time() - cpu_started
 
+        def block_list(name: str, n: int):
+            """The module list of slot group ``name`` (Flux's "double_block" slots are its ``double_blocks``,
+            Wan's are its ``blocks``)."""
+            for attr in (name + "s", "blocks", "layers", "transformer_blocks"):
+                blocks = getattr(diffusion, attr, None)
+                if isinstance(blocks, torch.nn.ModuleList) and len(blocks) == n:
+                    return blocks
+            return None
+
         for name, n in groups.items():
-            blocks = getattr(diffusion, name + "s", None)
-            if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) != n:
+            blocks = block_list(name, n)
+            if blocks is None:
                 continue
             for i, block in enumerate(blocks):
                 is_first = name == first and i == 0
