@@ -13,7 +13,10 @@ The negative branch's prediction changes slowly, and so does the guidance differ
   and the branch is re-checked every ``interval`` evaluations instead of being dropped for good, since a
   schedule can bring disagreement back (a prompt switch, a late detail pass);
 * the ``adaptive`` mode measures how fast the guidance difference changes between computed steps and skips while
-  the predicted change stays small.
+  the predicted change stays small;
+* the ``planned`` mode leaves the negative branch out exactly on the evaluations a calibration chose
+  (``leave_out``, keyed on the evaluations' sigmas like a planned step schedule): Auto Calibrate measures, one
+  computed step at a time, which omissions its target survives.
 
 With a step cache in the chain the two never forecast the same thing: on an evaluation whose negative branch is
 left out, the step cache sees (and forecasts, where it skips) the positive rows only, the negative prediction is
@@ -39,9 +42,10 @@ from .kinds import Granularity, InterceptorError, check_range
 from .memory import Footprint
 from .records import Evaluation
 from .run import Run
-from .taylorseer import TaylorSeer
+from .taylorseer import TaylorSeer, same_sigma
 
-MODES = ("cadence", "adaptive", "agreement")
+MODES = ("cadence", "adaptive", "agreement")  # the node's choices
+PLANNED = "planned"  # a calibration's plan (Auto Calibrate makes it; no node input selects it)
 # What stands in for the negative prediction on a step that skips it; measured on the digits model (README).
 ESTIMATES = ("difference forecast", "difference", "negative forecast", "negative reuse")
 # A branch's history (one per context window) is dropped once the evaluations this many before the current one
@@ -65,10 +69,13 @@ class GuidanceCache(Decider):
     mode: str = "cadence"
     threshold: float = 0.0
     estimate: str = "difference forecast"
+    leave_out: tuple[int, ...] = ()   # planned mode: the evaluations whose negative branch is estimated
+    sigmas: tuple[float, ...] = ()    # planned mode: the sigma of every evaluation of the run planned for
 
     @dataclasses.dataclass
     class RunState:
         tidied: int | None = None  # the evaluation whose unused histories were last dropped
+        mismatch: bool = False     # planned mode: this run is not the one planned for
 
     @dataclasses.dataclass
     class BranchState:
@@ -92,8 +99,10 @@ class GuidanceCache(Decider):
         if int(self.interval) != self.interval or self.interval < 1:
             raise InterceptorError(f"{self.label}: 'interval' must be a whole number >= 1, got {self.interval}.")
         check_range(self.label, "threshold", self.threshold, 0.0)
-        if self.mode not in MODES:
+        if self.mode not in MODES and not (self.mode == PLANNED and self.sigmas):
             raise InterceptorError(f"{self.label}: 'mode' must be one of {', '.join(MODES)}, got {self.mode!r}.")
+        if any(not 0 < i < len(self.sigmas) for i in self.leave_out):
+            raise InterceptorError(f"{self.label}: the plan leaves out evaluations outside 1..{len(self.sigmas) - 1}.")
         if self.estimate not in ESTIMATES:
             raise InterceptorError(
                 f"{self.label}: 'estimate' must be one of {', '.join(ESTIMATES)}, got {self.estimate!r}.")
@@ -107,6 +116,8 @@ class GuidanceCache(Decider):
     def never_skips(self) -> bool:
         """Interval 1, or threshold 0 in the adaptive and agreement modes: every step computes both branches
         (bit-identical)."""
+        if self.mode == PLANNED:
+            return not self.leave_out
         return self.interval <= 1 or (self.mode != "cadence" and self.threshold <= 0)
 
     @property
@@ -124,6 +135,8 @@ class GuidanceCache(Decider):
         state = next(iter(signals.values()))
         if not state.slot.points:
             return True
+        if self.mode == PLANNED:
+            return not self._planned_skip(run, ev)
         if self.mode == "cadence":
             run.report_metric(self, float(state.since + 1), float(self.interval))
             return state.since + 1 >= self.interval
@@ -137,6 +150,16 @@ class GuidanceCache(Decider):
         predicted = state.rate * abs(state.last_sigma - ev.sigma)
         run.report_metric(self, predicted, self.threshold)
         return predicted >= self.threshold or state.since + 1 >= self.interval
+
+    def _planned_skip(self, run: Run, ev: Evaluation) -> bool:
+        """Whether the plan leaves this evaluation's negative branch out; on a run it was not made for (another
+        schedule: its evaluations' sigmas differ), never, and the node says so once."""
+        state = run.state_of(self)
+        if not state.mismatch and not (ev.index < len(self.sigmas) and same_sigma(self.sigmas[ev.index], ev.sigma)):
+            state.mismatch = True
+            run.note(f"{self.label}: the plan for the negative branch was calibrated for another schedule, so both "
+                     f"branches are computed. Calibrate again with this sampler's settings.")
+        return not state.mismatch and ev.index in self.leave_out
 
     # -- the history of one call shape ------------------------------------------------------------------
     def history(self, run: Run, ev: Evaluation, key, conditioning: tuple) -> "GuidanceCache.BranchState":

@@ -117,6 +117,7 @@ class Plan:
     quality: Quality
     order: int | None = None   # the forecast the plan was measured with, when a search chose it
     runs: int | None = None    # how many plans the search measured (sampling runs per seed)
+    negative_left_out: tuple[int, ...] = ()  # computed evaluations whose negative CFG branch is estimated
 
     @property
     def psnr(self) -> float:
@@ -127,6 +128,10 @@ class Plan:
         text = f"compute {len(self.compute)}/{self.evaluations} evaluations (steps {steps})"
         if self.order is not None:
             text += ", the rest " + ("reused" if self.order == 0 else f"forecast by TaylorSeer order {self.order}")
+        if self.negative_left_out:
+            steps = ", ".join(str(i + 1) for i in self.negative_left_out)
+            text += (f", and at step{'s' if len(self.negative_left_out) > 1 else ''} {steps} only the positive CFG "
+                     f"branch (the negative estimated from it)")
         text += f"; {self.quality.describe()}"
         if self.runs is not None:
             text += f"; chosen from {self.runs} plans measured"

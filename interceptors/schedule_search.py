@@ -392,3 +392,24 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
         if meets(found):
             best = found
     return outcome(polish(len(best[0])))
+
+
+def negatives_to_leave_out(compute: Sequence[int], n: int, measure, min_psnr: float):
+    """On a plan that meets ``min_psnr``, the computed evaluations whose negative CFG branch may be left out too
+    (estimated from the positive one, as the Guidance Cache does), each costing half a computed evaluation less:
+    tried one at a time from the last computed evaluation back, each kept while ``measure(leave_out) -> quality``
+    of all the omissions kept so far stays at or above the bound (the signed errors of several omissions need not
+    add up, so every set is measured as a whole). Never the first evaluation, which every forecast starts from,
+    nor the run's last (always computed in full). Returns (the evaluations, the quality of the last set measured
+    that met the bound, or None when no omission did)."""
+    kept: tuple[int, ...] = ()
+    quality = None
+    for j in sorted(compute[1:], reverse=True):
+        if j == n - 1:
+            continue
+        trial = tuple(sorted(kept + (j,)))
+        q = measure(trial)
+        if q.psnr >= min_psnr:
+            kept, quality = trial, q
+    return kept, quality
+

@@ -2,16 +2,20 @@
 curve, each from an uncached pass of the user's own prompt."""
 from __future__ import annotations
 
+import dataclasses
+
 import nodes as comfy_nodes  # ComfyUI's top-level nodes module
 import torch
 from comfy_api.latest import io
 
 from .. import adapter
-from ..interceptors import (InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder, PlannedSchedule, Quality,
+from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder, PlannedSchedule, Quality,
                             Recorder, TaylorSeer, calibrate, image_quality, latent_quality, recorded_ratios,
                             recorded_trajectory, worst_quality)
+from ..interceptors.guidance import PLANNED
+from ..interceptors.kinds import NEGATIVE
 from ..interceptors.planned import Plan
-from ..interceptors.schedule_search import ORDERS
+from ..interceptors.schedule_search import ORDERS, negatives_to_leave_out
 from ..interceptors.schedule_search import search as search_plan
 from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
 from .sampler import ksampler_inputs
@@ -69,6 +73,11 @@ LATENT_NOTE = (" This is latent, not image, PSNR: how it relates to image qualit
 
 
 SEARCHES = ["steps and forecast", "steps", "greedy"]
+
+
+def computed_negative(run) -> bool:
+    """Whether the model computed a negative CFG branch in ``run`` (none at cfg 1)."""
+    return any(r.ran.get(NEGATIVE) for r in run.records)
 
 
 class AutoCalibrate(CalibrationNode):
@@ -148,14 +157,16 @@ class AutoCalibrate(CalibrationNode):
         quality = latent_quality if vae is None else image_quality
         uncached = [final(latent) for latent in references]
 
-        def plan_chain(compute, measured=None, forecast=order):
-            return InterceptorChain.of([
-                PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=tuple(schedule),
-                                sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node),
-                TaylorSeer(order=forecast, node=node)])
+        def plan_chain(compute, measured=None, forecast=order, leave_out=()):
+            items = [PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=tuple(schedule),
+                                     sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node),
+                     TaylorSeer(order=forecast, node=node)]
+            if leave_out:
+                items.append(GuidanceCache(mode=PLANNED, leave_out=tuple(leave_out), sigmas=tuple(sigmas), node=node))
+            return InterceptorChain.of(items)
 
-        def measure(compute, forecast=order) -> Quality:
-            chain = plan_chain(compute, forecast=forecast)
+        def measure(compute, forecast=order, leave_out=()) -> Quality:
+            chain = plan_chain(compute, forecast=forecast, leave_out=leave_out)
             return worst_quality(quality(ref, final(sample(chain, seed))) for ref, seed in zip(uncached, seed_list))
 
         goal = {"budget": budget if target == "budget" else None, "min_psnr": min_psnr if target == "quality" else None}
@@ -169,13 +180,21 @@ class AutoCalibrate(CalibrationNode):
                                     per_budget=candidates, **goal)
                 plan = Plan(found.compute, len(sigmas), found.quality, order=found.order, runs=found.runs)
                 order = found.order
+                if target == "quality" and search == SEARCHES[0] and computed_negative(recorded):
+                    # the guidance level too: on which computed steps the negative branch may be estimated
+                    left_out, left_quality = negatives_to_leave_out(
+                        plan.compute, len(sigmas), lambda lo: measure(plan.compute, order, lo), min_psnr)
+                    if left_out:
+                        plan = dataclasses.replace(plan, quality=left_quality, negative_left_out=left_out,
+                                                   runs=plan.runs + len(plan.compute) - 1)
         except InterceptorError as e:
             raise InterceptorError(f"{node}: {e}") from None
         text = plan.describe()
         if target == "quality" and len(plan.compute) == len(sigmas):
             text += f" (the target {min_psnr} dB needs every step computed)"
         text += "." + (LATENT_NOTE if vae is None else "")
-        return io.NodeOutput(plan_chain(plan.compute, plan.quality, order), reference, text, ui={"text": (text,)})
+        return io.NodeOutput(plan_chain(plan.compute, plan.quality, order, plan.negative_left_out), reference, text,
+                             ui={"text": (text,)})
 
 
 class MagCacheCalibrate(CalibrationNode):

@@ -163,3 +163,18 @@ def test_a_budget_search_spends_exactly_the_budget():
     for b in (2, 4, 6):
         found = ss.search(SIGMAS, _outputs(5), measure, budget=b)
         assert len(found.compute) == b and found.compute[0] == 0
+
+
+def test_negatives_are_left_out_from_the_last_computed_step_back_while_the_bound_holds():
+    tried = []
+    # a stand-in for sampling runs: each omission costs its evaluation's index in dB, from 40 dB
+    def measure(leave_out):
+        tried.append(leave_out)
+        return type("Q", (), {"psnr": 40.0 - sum(leave_out)})()
+
+    kept, quality = ss.negatives_to_leave_out((0, 3, 5, 8, 11), 12, measure, min_psnr=28.0)
+    # 11 is the run's last evaluation (always computed in full) and 0 the first: neither is tried; 5 on top of 8
+    # costs too much (27 dB), 3 on top of 8 does not (29 dB), and the quality is that of the set kept
+    assert tried == [(8,), (5, 8), (3, 8)] and kept == (3, 8) and quality.psnr == 29.0
+    kept, quality = ss.negatives_to_leave_out((0, 3), 12, measure, min_psnr=38.0)
+    assert kept == () and quality is None

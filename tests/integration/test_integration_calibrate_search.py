@@ -79,3 +79,24 @@ def test_the_former_greedy_search_is_still_there(comfy):
     assert "plans measured" not in text and "latent PSNR" in text
     steps = [int(s) for s in text.split("(steps ")[1].split(")")[0].split(", ")]
     assert steps[0] == 1 and steps[-1] == STEPS, "the former plans always compute the first and the last"
+
+
+@pytest.mark.slow  # 28 steps, about 40 calibration runs: about 50 s
+def test_a_quality_plan_leaves_out_the_negative_branch_where_its_target_survives_it(comfy):
+    """The guidance level in the plan: the steps the text names run the positive rows only, every other computed
+    step both, and the result still meets the target at the calibration seed. (At 12 steps no omission survives
+    on this model: the gaps are too long for the guidance difference's forecast.)"""
+    prompt, sampling = _prompt(seed=1, min_psnr=40.0, vae=["digits", 4])
+    sampling["steps"] = prompt["calibrate"]["inputs"]["steps"] = 28
+    _sample(prompt, sampling, "out", 1, model="count")
+    _sample(prompt, sampling, "ref", 1, chain=False)
+    _, ui = comfy.run(prompt)
+    text = ui["calibrate"]["text"][0]
+    assert "only the positive CFG branch" in text, text
+    named = text.split("and at step")[1].split(" only")[0].lstrip("s ")
+    left_out = {int(s) for s in named.split(", ")}
+    work = CAPTURED["work"]
+    without_negative = {evaluation for (evaluation, _, _), rows in zip(work["forward_log"], work["negative_rows"])
+                        if rows == 0}
+    assert without_negative == left_out and len(work["negative_rows"]) > len(left_out), (text, work["negative_rows"])
+    assert _image_psnr(comfy, CAPTURED["out"], CAPTURED["ref"]) >= 40.0

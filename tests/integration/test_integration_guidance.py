@@ -231,6 +231,23 @@ def test_poisoned_estimate_never_reaches_a_step_that_computed_its_own(comfy, cad
             "an evaluation without its own negative branch must use the estimate"
 
 
+def test_a_planned_negative_branch_is_left_out_exactly_where_the_plan_says_and_nowhere_on_another_schedule(comfy):
+    from comfy.samplers import calculate_sigmas
+    ic = comfy.module("interceptors")
+    sampling = tiny_models.build("flux").get_model_object("model_sampling")
+
+    def sigmas_of(steps):
+        return tuple(float(s) for s in calculate_sigmas(sampling, "simple", steps)[:-1])
+
+    plan = dict(mode="planned", leave_out=(3, 6), **WINDOW)
+    _, computed = _sample_direct(comfy, ic.GuidanceCache(sigmas=sigmas_of(10), **plan), steps=10)
+    assert computed == [i not in (3, 6) for i in range(10)], computed
+    _, computed = _sample_direct(comfy, ic.GuidanceCache(sigmas=sigmas_of(12), **plan), steps=10)
+    assert all(computed), "a plan made for another schedule must leave nothing out"
+    with pytest.raises(ic.InterceptorError, match="outside"):
+        ic.InterceptorChain.of([ic.GuidanceCache(sigmas=sigmas_of(10), **dict(plan, leave_out=(0,)))])
+
+
 def test_cfg_pp_sampler_at_cfg_one_leaves_negative_rows_out(comfy):
     """CFG++ samplers compute the negative branch even at cfg 1 (disable_cfg1_optimization), so the Guidance
     Cache works there and says nothing about cfg 1."""
