@@ -73,6 +73,7 @@ LATENT_NOTE = (" This is latent, not image, PSNR: how it relates to image qualit
 
 
 SEARCHES = ["steps and forecast", "steps", "greedy"]
+NEGATIVE_BRANCH = ["always computed", "left out where the target holds"]
 
 
 def computed_negative(run) -> bool:
@@ -134,6 +135,13 @@ class AutoCalibrate(CalibrationNode):
                 io.Int.Input("candidates", default=4, min=1, max=32, optional=True, tooltip=(
                     "For the two searches: how many placements are measured per budget before it counts as not "
                     "met (more: more runs, a plan closer to the least work).")),
+                io.Combo.Input("negative_branch", options=NEGATIVE_BRANCH, default=NEGATIVE_BRANCH[0], optional=True,
+                               tooltip=(
+                    "For 'quality' with the 'steps and forecast' search: 'left out where the target holds' also "
+                    "tries computing only the positive CFG branch on each computed step (the negative estimated "
+                    "from it, half a step's work), last step first, and keeps each omission the target survives "
+                    "(one run per computed step). It spends the plan's margin above min_psnr, so the plan holds "
+                    "on fewer unseen seeds; 'always computed' keeps both branches.")),
             ],
             outputs=[chain_output(),
                      io.Latent.Output(display_name="uncached_latent", tooltip=(
@@ -145,8 +153,9 @@ class AutoCalibrate(CalibrationNode):
 
     @classmethod
     def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=1, search=None, candidates=4,
-                **prompt) -> io.NodeOutput:
+                negative_branch=None, **prompt) -> io.NodeOutput:
         search = search or SEARCHES[0]
+        leave_negative_out = negative_branch == NEGATIVE_BRANCH[1]
         node, sample, reference = cls.uncached_pass(model, prompt, Recorder)
         sigmas, outputs = recorded_trajectory(sample.runs[-1])
         recorded = sample.runs[-1]
@@ -180,7 +189,7 @@ class AutoCalibrate(CalibrationNode):
                                     per_budget=candidates, **goal)
                 plan = Plan(found.compute, len(sigmas), found.quality, order=found.order, runs=found.runs)
                 order = found.order
-                if target == "quality" and search == SEARCHES[0] and computed_negative(recorded):
+                if leave_negative_out and target == "quality" and search == SEARCHES[0] and computed_negative(recorded):
                     # the guidance level too: on which computed steps the negative branch may be estimated
                     left_out, left_quality = negatives_to_leave_out(
                         plan.compute, len(sigmas), lambda lo: measure(plan.compute, order, lo), min_psnr)

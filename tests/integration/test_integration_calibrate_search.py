@@ -86,7 +86,8 @@ def test_a_quality_plan_leaves_out_the_negative_branch_where_its_target_survives
     """The guidance level in the plan: the steps the text names run the positive rows only, every other computed
     step both, and the result still meets the target at the calibration seed. (At 12 steps no omission survives
     on this model: the gaps are too long for the guidance difference's forecast.)"""
-    prompt, sampling = _prompt(seed=1, min_psnr=40.0, vae=["digits", 4])
+    prompt, sampling = _prompt(seed=1, min_psnr=40.0, vae=["digits", 4],
+                               negative_branch="left out where the target holds")
     sampling["steps"] = prompt["calibrate"]["inputs"]["steps"] = 28
     _sample(prompt, sampling, "out", 1, model="count")
     _sample(prompt, sampling, "ref", 1, chain=False)
