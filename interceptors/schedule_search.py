@@ -412,4 +412,3 @@ def negatives_to_leave_out(compute: Sequence[int], n: int, measure, min_psnr: fl
         if q.psnr >= min_psnr:
             kept, quality = trial, q
     return kept, quality
-

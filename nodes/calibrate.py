@@ -9,9 +9,9 @@ import torch
 from comfy_api.latest import io
 
 from .. import adapter
-from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder, PlannedSchedule, Quality,
-                            Recorder, TaylorSeer, calibrate, image_quality, latent_quality, recorded_ratios,
-                            recorded_trajectory, worst_quality)
+from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder,
+                            PlannedSchedule, Quality, Recorder, TaylorSeer, calibrate, image_quality, latent_quality,
+                            recorded_ratios, recorded_trajectory, worst_quality)
 from ..interceptors.guidance import PLANNED
 from ..interceptors.kinds import NEGATIVE
 from ..interceptors.planned import Plan
@@ -129,9 +129,10 @@ class AutoCalibrate(CalibrationNode):
                 io.Combo.Input("search", options=SEARCHES, default=SEARCHES[0], optional=True, tooltip=(
                     "'steps and forecast': a dynamic program over the recorded per-step forecast errors proposes "
                     "placements for every budget (with front-loaded and even schedules), for reuse and TaylorSeer "
-                    "order 1 and 2, and real runs pick the least work that meets the target, then the highest PSNR at "
-                    "that work (about 25-50 runs at 28 steps). 'steps': the same search with the forecast 'order'. 'greedy': the plan search of "
-                    "0.2.0 (greedy and even placements, first and last computed; about 10 runs).")),
+                    "order 1 and 2, and real runs pick the least work that meets the target, then the highest PSNR "
+                    "at that work (about 25-50 runs at 28 steps). 'steps': the same search with the forecast "
+                    "'order'. 'greedy': the plan search of 0.2.0 (greedy and even placements, first and last "
+                    "computed; about 10 runs).")),
                 io.Int.Input("candidates", default=4, min=1, max=32, optional=True, tooltip=(
                     "For the two searches: how many placements are measured per budget before it counts as not "
                     "met (more: more runs, a plan closer to the least work).")),
