@@ -54,6 +54,16 @@ class TimedVAENode:
         return (TimedVAE(vae),)
 
 
+def start_study():
+    """A headless ComfyUI with the pack and the timed VAE node, quiet progress bars; (the app, the pack's
+    interceptors module, the digits model's decoder)."""
+    app = start_comfy()
+    app.nodes.NODE_CLASS_MAPPINGS["ToolTimedVAE"] = TimedVAENode
+    import comfy.utils
+    comfy.utils.PROGRESS_BAR_ENABLED = False
+    return app, app.module("interceptors"), app.module("nodes.digits_model").decode
+
+
 def sampling(args, seed: int) -> dict:
     return {"model": ["digits", 0], "seed": seed, "steps": args.steps, "cfg": 3.0, "sampler_name": "euler",
             "scheduler": "simple", "positive": ["digits", 1], "negative": ["digits", 2],
@@ -117,12 +127,7 @@ def main(argv=None) -> int:
                         "image plans")
     args = parser.parse_args(argv)
 
-    app = start_comfy()
-    app.nodes.NODE_CLASS_MAPPINGS["ToolTimedVAE"] = TimedVAENode
-    import comfy.utils
-    comfy.utils.PROGRESS_BAR_ENABLED = False
-    ic = app.module("interceptors")
-    decode = app.module("nodes.digits_model").decode
+    app, ic, decode = start_study()
     held_out = list(range(HELD_OUT_FROM, HELD_OUT_FROM + args.eval_seeds))  # apart from any seed calibrated on
     eval_seeds = [args.seed, *held_out]
     executor = app.executor()

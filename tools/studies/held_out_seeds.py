@@ -28,8 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
 import devkit  # noqa: E402,F401
 
-from calibration_spaces import HELD_OUT_FROM, TimedVAENode, base_prompt, capture, run_plan, sampling  # noqa: E402
-from demo import start_comfy  # noqa: E402
+from calibration_spaces import HELD_OUT_FROM, base_prompt, capture, run_plan, sampling, start_study  # noqa: E402
 
 INTERVALS = range(2, 9)
 ORDERS = (1, 2)
@@ -70,12 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--confirm-seeds", type=int, nargs="+", default=[1, 3], help="Auto Calibrate's 'seeds'")
     args = parser.parse_args(argv)
 
-    app = start_comfy()
-    app.nodes.NODE_CLASS_MAPPINGS["ToolTimedVAE"] = TimedVAENode
-    import comfy.utils
-    comfy.utils.PROGRESS_BAR_ENABLED = False
-    ic = app.module("interceptors")
-    decode = app.module("nodes.digits_model").decode
+    app, ic, decode = start_study()
     held_out = list(range(HELD_OUT_FROM, HELD_OUT_FROM + args.held_out))
     seeds = [args.seed, *held_out]
     executor = app.executor()
