@@ -363,6 +363,9 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
                     break
         return key
 
+    def climb_limit(b: int) -> int:
+        return refine if refine is not None else 2 * (b - 1)
+
     def outcome(key) -> SearchOutcome:
         return SearchOutcome(key[0], key[1], measured[key], len(measured), sources[key])
 
@@ -370,7 +373,7 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
         """The highest PSNR at budget ``b``: every candidate there measured, then a climb from the best measured."""
         at_budget(b, stop=False)
         start = max((k for k in measured if len(k[0]) == b), key=lambda k: measured[k].psnr)
-        return climb(start, refine if refine is not None else 2 * (b - 1), stop=False)
+        return climb(start, climb_limit(b), stop=False)
 
     if budget is not None:
         return outcome(polish(max(1, min(budget, n))))
@@ -388,7 +391,7 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
     if b >= 1:
         start = max((k for k in measured if len(k[0]) == b), key=lambda k: measured[k].psnr, default=None)
         start = start or at_budget(b, stop=True)
-        found = start if meets(start) else climb(start, refine if refine is not None else 2 * (b - 1), stop=True)
+        found = start if meets(start) else climb(start, climb_limit(b), stop=True)
         if meets(found):
             best = found
     return outcome(polish(len(best[0])))

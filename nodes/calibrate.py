@@ -192,11 +192,13 @@ class AutoCalibrate(CalibrationNode):
                 order = found.order
                 if leave_negative_out and target == "quality" and search == SEARCHES[0] and computed_negative(recorded):
                     # the guidance level too: on which computed steps the negative branch may be estimated
+                    tried = []
                     left_out, left_quality = negatives_to_leave_out(
-                        plan.compute, len(sigmas), lambda lo: measure(plan.compute, order, lo), min_psnr)
+                        plan.compute, len(sigmas), lambda lo: tried.append(lo) or measure(plan.compute, order, lo),
+                        min_psnr)
                     if left_out:
                         plan = dataclasses.replace(plan, quality=left_quality, negative_left_out=left_out,
-                                                   runs=plan.runs + len(plan.compute) - 1)
+                                                   runs=plan.runs + len(tried))
         except InterceptorError as e:
             raise InterceptorError(f"{node}: {e}") from None
         text = plan.describe()
