@@ -20,6 +20,8 @@ from .records import Evaluation
 from .run import Run
 from .memory import Footprint
 
+MAX_GROWTH = 16.0  # the largest growth of the interval per computed step
+
 
 @dataclasses.dataclass(frozen=True)
 class FixedCadence(Decider):
@@ -53,5 +55,3 @@ class FixedCadence(Decider):
             state.gap = gap + self.growth
         return compute
 
-
-MAX_GROWTH = 16.0

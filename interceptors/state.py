@@ -27,9 +27,10 @@ class LoopState:
     """Everything one sampling run learns: step position, decisions, caches and the profile. It implements
     :class:`~.run.Run`, the part methods may use; the rest is the engine's.
 
-    ``card`` is the model the run samples (given when the run is made). Each interceptor keeps what it learns in its own typed state (:meth:`state_of`, :meth:`branch_of`), the
-    estimator's cached values live in one :class:`BranchCache` per branch (``caches``), and the generic
-    decision bookkeeping in one :class:`DecisionRecord` per decider. ``percent_to_sigma`` maps a schedule
+    ``card`` is the model the run samples (given when the run is made). Each interceptor keeps what it learns in
+    its own typed state (:meth:`state_of`, :meth:`branch_of`), the estimator's cached values live in one
+    :class:`BranchCache` per branch (``caches``), and the generic decision bookkeeping in one
+    :class:`DecisionRecord` per decider. ``percent_to_sigma`` maps a schedule
     percent to the model's sigma (ComfyUI's convention for start/end percents); without it, percents are
     fractions of the schedule's steps. ``first_step`` and ``schedule_steps`` place this run's steps in the
     model's whole schedule (a second stage starts at ``first_step``; denoise < 1 starts part way); by default
