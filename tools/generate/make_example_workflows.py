@@ -663,6 +663,20 @@ def from_screenshot(path: Path):
     return shot.resize((512, round(shot.height * scale)), Image.LANCZOS)
 
 
+def save_thumbnail(image, path: Path, tolerance: float = 1.0) -> None:
+    """Save ``image`` as ``path`` (JPEG) unless the thumbnail there already shows it: the runnable workflow's
+    plot carries timings, and JPEG re-encoding alone changes the bytes, so without this every regeneration would
+    rewrite an unchanged picture. ``tolerance``: mean absolute difference per channel (0-255) still counted as
+    the same picture."""
+    from PIL import Image, ImageChops, ImageStat
+    if path.is_file():
+        with Image.open(path) as old:
+            old = old.convert("RGB")
+            if old.size == image.size and sum(ImageStat.Stat(ImageChops.difference(old, image)).mean) / 3 <= tolerance:
+                return
+    image.save(path, quality=88)
+
+
 def main() -> None:
     from devkit.comfy_harness import start
     comfy = start()
@@ -677,9 +691,9 @@ def main() -> None:
         (OUT / f"{name}.json").write_text(json.dumps(workflow, indent=1) + "\n", encoding="utf-8")
         thumb, shot = OUT / f"{name}.jpg", ROOT / "artifacts" / f"example_{name}.png"
         if name == RUNNABLE:
-            run_tiny_thumbnail(comfy, workflow, defs).save(thumb, quality=88)
+            save_thumbnail(run_tiny_thumbnail(comfy, workflow, defs), thumb)
         elif "--thumbnails-from-browser" in sys.argv and shot.is_file():
-            from_screenshot(shot).save(thumb, quality=88)
+            save_thumbnail(from_screenshot(shot), thumb)
         elif not thumb.is_file():
             schematic(workflow, TITLES[name]).save(thumb, quality=88)
         print("wrote", OUT / f"{name}.json")
