@@ -107,14 +107,15 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     for target in args.targets:
         oracle = {s: pick(hand, s, target) for s in held_out}
+        asked = target + args.margin  # what Auto Calibrate plans for
         rows = []
         for confirm in args.confirm_seeds:
-            plan = run_plan(app, executor, args, target + args.margin, True, confirm, seeds)
+            plan = run_plan(app, executor, args, asked, True, confirm, seeds)
             values = [ic.image_quality(reference[s], decode(plan["cached"][s])).psnr for s in held_out]
-            asked = f" for {target + args.margin:g} dB" if args.margin else ""
-            rows.append((f"Auto Calibrate{asked}, seeds {confirm}: {plan['computed']}/{plan['evaluations']} computed",
-                         plan["computed"] / plan["evaluations"], values))
-            print(f"[{target + args.margin:g} dB, seeds {confirm}] {plan['text']}", file=sys.stderr, flush=True)
+            rows.append((f"Auto Calibrate{f' for {asked:g} dB' if args.margin else ''}, seeds {confirm}: "
+                         f"{plan['computed']}/{plan['evaluations']} computed", plan["computed"] / plan["evaluations"],
+                         values))
+            print(f"[{asked:g} dB, seeds {confirm}] {plan['text']}", file=sys.stderr, flush=True)
         for label, pool in (("hand-tuned", hand), ("fewer steps", fewer)):
             chosen = pick(pool, args.seed, target)
             if chosen is None:
