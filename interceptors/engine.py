@@ -200,6 +200,14 @@ def as_outputs(result, out_keys: tuple[str, ...]) -> dict:
     return result if isinstance(result, dict) else {out_keys[0]: result}
 
 
+def residual_into(after: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """``after - before``, written over ``before`` (a copy the engine made and owns) where the two match: each
+    residual then costs no stream-sized allocation, which on the CPU is most of what caching a block costs."""
+    if after.shape == before.shape and after.dtype == before.dtype and after.device == before.device:
+        return torch.sub(after, before, out=before)
+    return after - before
+
+
 def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[str, ...], args: dict,
                run_block: Callable[[dict], dict], modulated_input: Callable[[], torch.Tensor] | None = None) -> dict:
     """Run (or pass through) one transformer block at ``position`` in execution order."""
@@ -225,7 +233,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         out = as_outputs(run_block(args), out_keys)
         record.blocks_run += 1
         if position == plan.probe_end and forward.probe_input is not None:
-            residual = out[stream] - forward.probe_input
+            residual = residual_into(out[stream], forward.probe_input)
             forward.probe_input = None
             forward.signals[decider.id] = forward.split(residual)
         return out
@@ -268,7 +276,8 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         added = forward.external.setdefault(segment, {})
         for k, before in forward.previous_outputs.pop(segment).items():
             if args.get(k) is not None and args[k].shape == before.shape:
-                added[k] = added[k] + (args[k] - before) if k in added else args[k] - before
+                change = residual_into(args[k], before)
+                added[k] = added[k].add_(change) if k in added else change
     out = as_outputs(run_block(args), out_keys)
     record.blocks_run += 1
     if position != last:
@@ -283,7 +292,8 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
             continue  # the stream ends here (SD3's last joint block returns no text stream)
         parts = None
         if after.shape == before.shape:
-            parts = forward.split(after - before - added[k] if k in added else after - before)
+            residual = residual_into(after, before)
+            parts = forward.split(residual.sub_(added[k]) if k in added else residual)
         if parts is None:
             run.note(f"the '{k}' stream changed shape inside a span of blocks the cache would skip, so its residual "
                      f"could not be cached: the span runs in full when no stream of it could be cached, and a "

@@ -95,7 +95,7 @@ def relative_l1_of(current: dict, anchor: dict, group=None) -> Measure:
             continue
         # anchors may sit on the cache device: compare where the model runs
         value, ref = _local(group, value), _local(group, ref.to(value.device))
-        terms += [(value - ref).abs().sum(), ref.abs().sum()]
+        terms += [(value - ref).abs_().sum(), ref.abs().sum()]  # abs_: the difference is ours
 
     def finish(host):
         num, den = _sums(group, sum(host[0::2], 0.0), sum(host[1::2], 0.0))
@@ -114,14 +114,16 @@ def mean_abs_of(tensors, group=None) -> Measure:
 def mean_abs_diff_of(a: dict, b: dict, group=None) -> Measure:
     """mean|a - b| over the branches present in both with the same shape (None if none is)."""
     pairs = [(a[k], b[k]) for k in a if k in b and a[k].shape == b[k].shape]
-    return _mean_abs([_local(group, x) - _local(group, y.to(x.device)) for x, y in pairs], group, empty=None)
+    return _mean_abs([_local(group, x) - _local(group, y.to(x.device)) for x, y in pairs], group, empty=None,
+                     owned=True)
 
 
 def mean_abs_diff(a: dict, b: dict, group=None) -> float | None:
     return values(mean_abs_diff_of(a, b, group))[0]
 
 
-def _mean_abs(tensors, group, empty) -> Measure:
+def _mean_abs(tensors, group, empty, owned: bool = False) -> Measure:
+    """mean|t| over ``tensors``; ``owned``: they are temporaries of the measure, so abs is taken in place."""
     count = float(sum(t.numel() for t in tensors))
 
     def finish(host):
@@ -129,4 +131,4 @@ def _mean_abs(tensors, group, empty) -> Measure:
         if n == 0:
             return empty
         return total / max(n, 1)
-    return Measure([t.abs().sum() for t in tensors], finish)
+    return Measure([(t.abs_() if owned else t.abs()).sum() for t in tensors], finish)
