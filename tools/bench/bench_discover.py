@@ -143,6 +143,11 @@ class Method:
     estimator: tuple | None = None       # (node id, inputs) of a pack estimator other than TaylorSeer, chained after
                                          # the decider (Spectrum Forecast)
 
+    @property
+    def skips_nothing(self):
+        """The setting at which the method skips nothing (the overhead's), or None where it has none."""
+        return self.zero if self.zero is not None else (self.values[0] if self.values else None)
+
     def describe(self, value) -> str:
         if self.param is None:
             return "defaults"

@@ -417,7 +417,7 @@ class Bench:
         for m in methods:
             if m.kind == "planned":
                 continue  # a plan always skips; per step it costs what Fixed Cadence does
-            zero = m.zero if m.zero is not None else (m.values[0] if m.values else None)
+            zero = m.skips_nothing
             row = self._row(m, zero)
             rows.append(row)
             if m.param is not None and zero is None:

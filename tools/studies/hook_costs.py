@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     method = next((m for m in methods if m.key == a.method), None)
     if method is None:
         sys.exit(f"no method '{a.method}'; known: {', '.join(m.key for m in methods)}")
-    zero = method.zero if method.zero is not None else (method.values[0] if method.values else None)
+    zero = method.skips_nothing
     bench, workload = Bench(comfy, config, log=lambda _: None), heavy_workload(config)
     spent: dict[str, float] = collections.defaultdict(float)
     wrap_timers(comfy, spent)
@@ -83,12 +83,11 @@ def main(argv=None) -> None:
         around = (run.cpu_seconds - run.block_cpu_seconds) - (base.cpu_seconds - base.block_cpu_seconds)
         per_step["overhead around the blocks"] = around / a.steps * 1e3
         rows.append(per_step)
-    labels = [label for label in rows[0]]
     print(f"{method.label} at {zero!r}, heavy random-weight Flux, {a.steps} steps, {a.rounds} rounds: "
           f"CPU ms per step\n")
     print("| | " + " | ".join(f"round {i + 1}" for i in range(len(rows))) + " | median |")
     print("|---" * (len(rows) + 2) + "|")
-    for label in labels:
+    for label in rows[0]:
         values = [row.get(label, 0.0) for row in rows]
         print(f"| {label} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.median(values):.2f} |")
 
