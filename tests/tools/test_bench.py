@@ -222,3 +222,17 @@ def test_vs_fewer_steps_without_comfyui():
     worse = bench.analyse(rows[:1] + [{"method": "A", "family": "A", "source": "pack", "psnr": 32.0, "work": 0.6}],
                           fewer)
     assert fmt_vs_fewer(worse["vs_fewer_steps"]["A"]["30"]) == "below fewer steps"
+
+
+def test_overhead_width_sets_the_heavy_models_hidden_size_and_heads():
+    """``--overhead-hidden`` widens the heavy model with 64-wide heads and leaves its depth alone; a width the
+    heads cannot divide is refused before anything runs."""
+    import bench
+    default = bench.parse_args([]).overhead_model
+    wide = bench.parse_args(["--overhead-hidden", "1024"]).overhead_model
+    assert (default["hidden_size"], default["num_heads"]) == (256, 4)
+    assert (wide["hidden_size"], wide["num_heads"]) == (1024, 16)
+    assert {k: v for k, v in wide.items() if k not in ("hidden_size", "num_heads")} == {
+        k: v for k, v in default.items() if k not in ("hidden_size", "num_heads")}
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--overhead-hidden", "100"])

@@ -68,6 +68,9 @@ def parse_args(argv=None) -> Config:
     p.add_argument("--no-overhead", action="store_true", help="skip the heavy-model overhead workload")
     p.add_argument("--overhead-repeats", type=int, help="timing rounds on the heavy model (default 5)")
     p.add_argument("--overhead-steps", type=int, help="steps on the heavy model (default 8)")
+    p.add_argument("--overhead-hidden", type=int, help="hidden size of the heavy model (default 256, 64 per head): "
+                   "the blocks' work grows with its square and the copies a block cache makes only with it, so "
+                   "a wider model shows how a method's share of a step falls on larger models")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: ComfyUI loads and samples every model on the GPU, runs are timed with CUDA events "
                         "(warm-up run first, baseline and method runs alternated, medians), and a method's overhead "
@@ -118,6 +121,10 @@ def parse_args(argv=None) -> Config:
         c.overhead_repeats = a.overhead_repeats
     if a.overhead_steps is not None:
         c.overhead_steps = a.overhead_steps
+    if a.overhead_hidden is not None:
+        if a.overhead_hidden < 64 or a.overhead_hidden % 64:
+            p.error("--overhead-hidden must be a multiple of 64 (the heads are 64 wide)")
+        c.overhead_model = dict(c.overhead_model, hidden_size=a.overhead_hidden, num_heads=a.overhead_hidden // 64)
     c.other_packs = not a.no_other_packs
     c.spectrum = not a.no_spectrum
     c.device = a.device
