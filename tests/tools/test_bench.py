@@ -236,3 +236,34 @@ def test_overhead_width_sets_the_heavy_models_hidden_size_and_heads():
         k: v for k, v in default.items() if k not in ("hidden_size", "num_heads")}
     with pytest.raises(SystemExit):
         bench.parse_args(["--overhead-hidden", "100"])
+
+
+def test_guidance_cache_is_chained_after_the_growing_cadence_and_its_forecast(results):
+    """The growing cadence + TaylorSeer o1 + Guidance Cache curve: at every setting its Guidance Cache (last in
+    the chain) leaves negative branches out, so it does less work than the same setting without it, on the
+    rows the model computed; and it is not on the overhead table, since it skips at every setting."""
+    data, _ = results
+    rows = data["digits"]["5"]["rows"]
+    with_guidance = {json.dumps(r["value"], sort_keys=True): r for r in rows
+                     if r["key"] == "fixed_cadence_growing+ts1+guidance"}
+    without = {json.dumps(r["value"], sort_keys=True): r for r in rows if r["key"] == "fixed_cadence_growing+ts1"}
+    assert with_guidance and set(with_guidance) == set(without)
+    assert all(r["error"] is None and math.isfinite(r["psnr"]) for r in with_guidance.values())
+    less = [v for v, r in with_guidance.items() if r["work"] < without[v]["work"]]
+    assert less and all(with_guidance[v]["work"] <= without[v]["work"] for v in with_guidance)
+    assert "Guidance Cache 2 from 0.6" in next(iter(with_guidance.values()))["method"]
+    assert not any(r["key"].endswith("+guidance") for r in data["overhead"]["rows"])
+
+
+def test_the_guidance_cache_takes_the_estimators_output():
+    import bench_run
+    from bench_discover import GUIDANCE, TAYLORSEER, Config, Method
+    wl = bench_run.Workload("w", {"m": {}}, ["m", 0], ["m", 1], ["m", 2], ["m", 3])
+    m = Method("fixed_cadence_growing+ts1+guidance", "L", "L", "pack", "CachedSamplerFixedCadence", "schedule",
+               [{"interval": 2, "growth": 0.5}], taylorseer=1, guidance={"interval": 2, "start_percent": 0.6})
+    prompt = bench_run.build_prompt(Config(), wl, m, m.values[0], 28, "k")
+    assert prompt["m_taylorseer"]["class_type"] == TAYLORSEER
+    assert prompt["m_guidance"] == {"class_type": GUIDANCE, "inputs": {"interval": 2, "start_percent": 0.6,
+                                                                       "interceptors": ["m_taylorseer", 0]}}
+    assert prompt["sampler"]["inputs"]["interceptors"] == ["m_guidance", 0]
+    assert prompt["m_config"]["inputs"] == {"interval": 2, "growth": 0.5}

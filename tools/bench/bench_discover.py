@@ -35,6 +35,11 @@ SCHEDULE_GRID: dict[str, list] = {
     "tail_actual_steps": [None, 0],  # xmarre's port: the last steps always computed (default 3)
 }
 SCHEDULE_OFF = {"window_size": 1.0, "flex_window": 0.0}
+# The Guidance Cache chained after the growing cadence + TaylorSeer o1: the negative branch left out of every
+# other computed step in the last 40% of the schedule, where the two branches have come together. Chosen on the
+# video model's seeds 1-5, not the bench's seed 0 (tools/studies/guidance_on_cadence.py).
+GUIDANCE = "CachedSamplerGuidanceCache"
+GUIDANCE_ON_CADENCE = {"interval": 2, "mode": "cadence", "start_percent": 0.6}
 
 # Sweeps per method key. The first value turns caching off (bit-identical output): it anchors each curve.
 SWEEPS: dict[str, list] = {
@@ -142,6 +147,7 @@ class Method:
     calibrate: str | None = None         # node that records this method's model curve first (MagCache Calibrate)
     estimator: tuple | None = None       # (node id, inputs) of a pack estimator other than TaylorSeer, chained after
                                          # the decider (Spectrum Forecast)
+    guidance: dict | None = None         # inputs of a Guidance Cache chained last, after the estimator
 
     @property
     def skips_nothing(self):
@@ -395,6 +401,14 @@ def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
             name = f"{label} (growing)"
             add_with_taylorseer(Method("fixed_cadence_growing", name, name, "pack", node_id, "schedule", values,
                                        fixed, zero=values[0]))
+            if has_ts and 1 in config.taylorseer and GUIDANCE in mappings:
+                guidance, _ = widget_defaults(mappings[GUIDANCE])
+                guidance.update(GUIDANCE_ON_CADENCE)
+                gname = (f"{name} + TaylorSeer o1 + {names.get(GUIDANCE, GUIDANCE)} "
+                         f"{GUIDANCE_ON_CADENCE['interval']} from {GUIDANCE_ON_CADENCE['start_percent']:g}")
+                methods.append(Method("fixed_cadence_growing+ts1+guidance", gname, gname, "pack", node_id,
+                                      "schedule", values[1:], fixed, taylorseer=1, zero=values[0],
+                                      guidance=guidance))
         calibrator = next((c for c, target in CALIBRATORS.items() if target == node_id and c in mappings), None)
         if calibrator is not None:
             # The same node on a curve recorded from this model by its calibration node (one uncached run

@@ -21,8 +21,8 @@ import torch
 import bench_metrics
 import bench_nodes
 from bench_discover import _inputs as discover_inputs  # noqa: E402
-from bench_discover import (CHAIN_TYPE, ROOT, TAYLORSEER, Config, Method, discover, return_types, start_comfy,
-                            widget_defaults)
+from bench_discover import (CHAIN_TYPE, GUIDANCE, ROOT, TAYLORSEER, Config, Method, discover, return_types,
+                            start_comfy, widget_defaults)
 from bench_report import FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
 from devkit.work_nodes import CAPTURED
 
@@ -96,6 +96,9 @@ def build_prompt(config: Config, wl: Workload, method: Method | None, value, ste
             node, fixed = method.estimator
             prompt["m_estimator"] = {"class_type": node, "inputs": {**fixed, "interceptors": ["m_config", 0]}}
             chain = "m_estimator"
+        if method.guidance is not None:
+            prompt["m_guidance"] = {"class_type": GUIDANCE, "inputs": {**method.guidance, "interceptors": [chain, 0]}}
+            chain = "m_guidance"
     elif method is not None and method.kind == "planned":
         prompt["m_plan"] = {"class_type": "BenchChain", "inputs": {"key": method.fixed["chain_key"]}}
         chain, sampler = "m_plan", "CachedSampler"
@@ -605,6 +608,8 @@ def _pack_commit() -> str | None:
 def _overhead_curve(m: Method, config: Config) -> bool:
     """Methods measured on the heavy model: every caching node, and TaylorSeer chained to one whole-model and
     one block-level node (what it adds when nothing is skipped is storing order + 1 values per step)."""
+    if m.guidance is not None:
+        return False  # its Guidance Cache skips negative branches at every setting; the cadence's cost is measured
     if m.taylorseer is None:
         return True
     return not config.quick and m.key.split("+")[0] in OVERHEAD_TAYLORSEER_ON
