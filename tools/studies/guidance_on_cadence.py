@@ -1,0 +1,82 @@
+"""Where the Guidance Cache pays on a growing cadence: the negative branch left out late, over several seeds.
+
+On the video model (a tiny Wan 2.1, 8 classes, 28 steps, cfg 3) the growing cadence (Spectrum's schedule, Fixed
+Cadence's ``growth``) + TaylorSeer o1 and Spectrum's ComfyUI port reach the same work at every PSNR floor, one
+computed step apart. Leaving the negative CFG branch out of some of the computed steps halves their work; this
+study measures, through the pack's Cached Sampler path, what that costs at the growing settings that are best at
+31, 35 and 40 dB on the bench, for the Guidance Cache at interval 2 and 3 from several ``start_percent``. The
+bench measures seed 0: the setting it chains (``GUIDANCE_ON_CADENCE`` in tools/bench/bench_discover.py) is chosen
+on the other seeds. Work is the run's own count (batch rows the model ran, against the uncached run). Prints a
+markdown report.
+
+    python3 tools/studies/guidance_on_cadence.py            # about 6 min on 2 cores
+    python3 tools/studies/guidance_on_cadence.py --quick    # one setting, two seeds
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
+import devkit  # noqa: E402,F401
+
+STEPS = 28
+CFG = 3.0
+CADENCES = ((3, 0.75), (2, 0.5), (2, 0.25))  # the growing settings best at 31, 35 and 40 dB on the bench
+GUIDANCE = ((2, 0.5), (2, 0.6), (2, 0.7), (2, 0.8), (3, 0.6))  # (interval, start_percent)
+
+
+def measure(app, work, items: list, seed: int) -> tuple[float, float]:
+    """(decoded-frame PSNR against the uncached run, share of model work saved) of the Cached Sampler path."""
+    import nodes as comfy_nodes
+    from bench_metrics import psnr
+    ic, adapter = app.module("interceptors"), app.module("adapter")
+    summaries = []
+    patched = adapter.install(work.model, ic.InterceptorChain.of(items), schedule=adapter.schedule_of(STEPS, 1.0),
+                              on_run_end=lambda run, summary: summaries.append(summary))
+    (latent,) = comfy_nodes.common_ksampler(patched, seed, STEPS, CFG, "euler", "simple", work.positive,
+                                            work.negative, {"samples": work.latent}, denoise=1.0)
+    return psnr(work.decode(latent["samples"]), work.reference(seed)), summaries[-1].work_saved
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one cadence, one Guidance Cache setting, two seeds")
+    args = parser.parse_args(argv)
+    import torch
+    torch.set_num_threads(1)
+    from calibration_spaces import start_study
+    from forecast_limits import Workload
+    app, ic, _ = start_study()
+    module = app.module("nodes.video_model")
+    video = Workload(module, list(range(8)), module.decode)
+    seeds = (0, 1) if args.quick else (0, 1, 2, 3, 4, 5)
+    cadences = CADENCES[1:2] if args.quick else CADENCES
+    guidance = GUIDANCE[1:2] if args.quick else GUIDANCE
+
+    print("# The Guidance Cache on a growing cadence (video model)\n")
+    print(f"Tiny Wan 2.1 video model, 8 videos, {STEPS} steps, euler / simple, cfg {CFG:g}; Fixed Cadence with "
+          f"`growth` + TaylorSeer o1, then the Guidance Cache (`cadence` mode, `difference forecast`). Work saved "
+          f"by batch rows; decoded-frame PSNR against the uncached run at each seed. Seed 0 is the bench's; "
+          f"*mean 1-{seeds[-1]}* leaves it out.\n")
+    print("| chain | work saved | " + " | ".join(f"seed {s}" for s in seeds) + f" | mean 1-{seeds[-1]} |")
+    print("|---|---|" + "---|" * (len(seeds) + 1))
+    for interval, growth in cadences:
+        base = [ic.FixedCadence(interval=interval, growth=growth), ic.TaylorSeer(order=1)]
+        chains = {f"Fixed Cadence {interval}, growth {growth:g}": base}
+        for every, start in guidance:
+            chains[f"... + Guidance Cache {every} from {start:g}"] = base + [
+                ic.GuidanceCache(interval=every, start_percent=start)]
+        for name, items in chains.items():
+            results = [measure(app, video, items, s) for s in seeds]
+            values = [p for p, _ in results]
+            saved = sorted({round(w, 3) for _, w in results})
+            print(f"| {name} | " + " / ".join(f"{w:.1%}" for w in saved) + " | "
+                  + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.mean(values[1:]):.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
