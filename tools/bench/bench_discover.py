@@ -36,8 +36,8 @@ SCHEDULE_GRID: dict[str, list] = {
 }
 SCHEDULE_OFF = {"window_size": 1.0, "flex_window": 0.0}
 # The Guidance Cache chained after the growing cadence + TaylorSeer o1: the negative branch left out of every
-# other computed step in the last 40% of the schedule, where the two branches have come together. Chosen on the
-# video model's seeds 1-5, not the bench's seed 0 (tools/studies/guidance_on_cadence.py).
+# other computed step in the last 40% of the schedule. Chosen on the video model's seeds 1-5, not the bench's
+# seed 0 (tools/studies/guidance_on_cadence.py, bench/guidance_on_cadence.md).
 GUIDANCE = "CachedSamplerGuidanceCache"
 GUIDANCE_ON_CADENCE = {"interval": 2, "mode": "cadence", "start_percent": 0.6}
 
