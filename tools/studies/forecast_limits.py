@@ -169,15 +169,22 @@ class Workload:
         return psnr(self.images(seed, plan, rule), self.reference(seed))
 
 
-def pack_psnr(app, work: Workload, items: list, seed: int) -> float:
-    """PSNR of the pack's own Cached Sampler path (ComfyUI's KSampler code) with the chain of ``items``."""
+def pack_run(app, work: Workload, items: list, seed: int) -> tuple[float, object]:
+    """PSNR of the pack's own Cached Sampler path (ComfyUI's KSampler code) with the chain of ``items``, and the
+    run's summary (what it computed)."""
     import nodes as comfy_nodes
     from bench_metrics import psnr
     ic, adapter = app.module("interceptors"), app.module("adapter")
-    patched = adapter.install(work.model, ic.InterceptorChain.of(items), schedule=adapter.schedule_of(STEPS, 1.0))
+    summaries = []
+    patched = adapter.install(work.model, ic.InterceptorChain.of(items), schedule=adapter.schedule_of(STEPS, 1.0),
+                              on_run_end=lambda run, summary: summaries.append(summary))
     (latent,) = comfy_nodes.common_ksampler(patched, seed, STEPS, CFG, "euler", "simple", work.positive,
                                             work.negative, {"samples": work.latent}, denoise=1.0)
-    return psnr(work.decode(latent["samples"]), work.reference(seed))
+    return psnr(work.decode(latent["samples"]), work.reference(seed)), summaries[-1]
+
+
+def pack_psnr(app, work: Workload, items: list, seed: int) -> float:
+    return pack_run(app, work, items, seed)[0]
 
 
 def planned(app, work: Workload, plan) -> list:

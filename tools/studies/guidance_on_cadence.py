@@ -21,24 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
 import devkit  # noqa: E402,F401
+from forecast_limits import CFG, STEPS, Workload, pack_run  # noqa: E402
 
-STEPS = 28
-CFG = 3.0
 CADENCES = ((3, 0.75), (2, 0.5), (2, 0.25))  # the growing settings best at 31, 35 and 40 dB on the bench
 GUIDANCE = ((2, 0.5), (2, 0.6), (2, 0.7), (2, 0.8), (3, 0.6))  # (interval, start_percent)
-
-
-def measure(app, work, items: list, seed: int) -> tuple[float, float]:
-    """(decoded-frame PSNR against the uncached run, share of model work saved) of the Cached Sampler path."""
-    import nodes as comfy_nodes
-    from bench_metrics import psnr
-    ic, adapter = app.module("interceptors"), app.module("adapter")
-    summaries = []
-    patched = adapter.install(work.model, ic.InterceptorChain.of(items), schedule=adapter.schedule_of(STEPS, 1.0),
-                              on_run_end=lambda run, summary: summaries.append(summary))
-    (latent,) = comfy_nodes.common_ksampler(patched, seed, STEPS, CFG, "euler", "simple", work.positive,
-                                            work.negative, {"samples": work.latent}, denoise=1.0)
-    return psnr(work.decode(latent["samples"]), work.reference(seed)), summaries[-1].work_saved
 
 
 def main(argv=None) -> int:
@@ -48,7 +34,6 @@ def main(argv=None) -> int:
     import torch
     torch.set_num_threads(1)
     from calibration_spaces import start_study
-    from forecast_limits import Workload
     app, ic, _ = start_study()
     module = app.module("nodes.video_model")
     video = Workload(module, list(range(8)), module.decode)
@@ -70,9 +55,9 @@ def main(argv=None) -> int:
             chains[f"... + Guidance Cache {every} from {start:g}"] = base + [
                 ic.GuidanceCache(interval=every, start_percent=start)]
         for name, items in chains.items():
-            results = [measure(app, video, items, s) for s in seeds]
+            results = [pack_run(app, video, items, s) for s in seeds]
             values = [p for p, _ in results]
-            saved = sorted({round(w, 3) for _, w in results})
+            saved = sorted({round(summary.work_saved, 3) for _, summary in results})
             print(f"| {name} | " + " / ".join(f"{w:.1%}" for w in saved) + " | "
                   + " | ".join(f"{v:.2f}" for v in values) + f" | {statistics.mean(values[1:]):.2f} |", flush=True)
     return 0
