@@ -85,7 +85,8 @@ def guided_batch(run: LoopState, conds: list, x: torch.Tensor, sigma: torch.Tens
     if not state.slot.points or (model_runs and run.decide(decider, {key: state})) or ev.sigma == 0:
         out = compute(conds)
         if record.ran.get(POSITIVE) and record.ran.get(NEGATIVE) and ev.sigma != 0:  # computed, not estimated
-            decider.learned(run, state, to_eps(x, out[POSITIVE], sigma), to_eps(x, out[NEGATIVE], sigma), ev.sigma)
+            decider.learned(run, state, to_eps(x, out[POSITIVE], sigma), to_eps(x, out[NEGATIVE], sigma), ev.sigma,
+                            denoised=(out[POSITIVE], out[NEGATIVE]))
         return out
     out = compute([conds[POSITIVE], None])
     run.skipped(decider)

@@ -194,12 +194,12 @@ GuidanceCacheNode = config_node(
      io.Combo.Input("mode", options=list(guidance_method.MODES), tooltip=(
          "cadence: every N-th step. adaptive: skip while the predicted change of the guidance difference "
          "(negative minus positive prediction) since it was last computed stays under the threshold. agreement "
-         "(Adaptive Guidance): skip once the two predictions point the same way (1 - their cosine similarity under "
-         "the threshold), checking again every N-th step.")),
+         "(Adaptive Guidance): skip once the two predictions point at the same image (1 - the cosine similarity of "
+         "the denoised predictions under the threshold), checking again every N-th step.")),
      io.Float.Input("threshold", default=0.0, min=0.0, max=10.0, step=0.005, tooltip=(
          "Adaptive mode: predicted relative change of the guidance difference under which the negative branch is "
-         "skipped. Agreement mode: 1 - cosine similarity of the positive and negative predictions under which it "
-         "is skipped (the paper's 0.99 similarity is 0.01). 0 never skips (bit-identical).")),
+         "skipped. Agreement mode: 1 - cosine similarity of the positive and negative denoised predictions under "
+         "which it is skipped (the paper's 0.99 similarity is 0.01). 0 never skips (bit-identical).")),
      io.Combo.Input("estimate", options=list(guidance_method.ESTIMATES), tooltip=(
          "What stands in for a skipped negative prediction: difference forecast = this step's positive "
          "prediction plus the guidance difference extrapolated in sigma from the last two computed steps "

@@ -2,6 +2,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from devkit.pack import load_core
 
@@ -174,6 +175,14 @@ def test_guidance_cache_has_its_own_level():
     assert not ic.GuidanceCache(interval=2).never_skips
 
 
+def _learn(gc, run, state, eps_positive, eps_negative, sigma, x=None):
+    """Hand the Guidance Cache a computed evaluation as the engine does: both predictions as epsilons and as the
+    denoised images ``x - sigma * eps`` they stand for (``x`` the input, zeros unless given)."""
+    x = torch.zeros_like(eps_positive) if x is None else x
+    gc.learned(run, state, eps_positive, eps_negative, sigma,
+               denoised=(x - sigma * eps_positive, x - sigma * eps_negative))
+
+
 def test_guidance_estimates_from_the_positive_prediction_and_the_forecast_difference():
     """With a guidance difference that is linear in sigma, the forecast recovers the negative prediction exactly
     (epsilon space: the engine converts, tests/test_core_engine.py checks the conversion)."""
@@ -187,16 +196,15 @@ def test_guidance_estimates_from_the_positive_prediction_and_the_forecast_differ
         return eps_positive + (0.3 + 2.0 * s)  # guidance difference 0.3 + 2 sigma
 
     for s in (1.0, 0.8):
-        gc.learned(run, state, eps_positive, negative_at(s), s)
+        _learn(gc, run, state, eps_positive, negative_at(s), s)
     estimate = gc.estimated(state, eps_positive, 0.5)
     assert torch.allclose(estimate, negative_at(0.5), atol=1e-5)
 
 
 def test_agreement_mode_skips_once_the_branches_point_the_same_way_and_checks_again():
-    """Adaptive Guidance's rule: the disagreement 1 - cos(eps positive, eps negative) of the last computed step
-    against the threshold, and a fresh check every `interval` evaluations. A cosine taken of the wrong pair (the
+    """Adaptive Guidance's rule: the disagreement 1 - cos(denoised positive, denoised negative) of the last computed
+    step against the threshold, and a fresh check every `interval` evaluations. A cosine taken of the wrong pair (the
     negative with itself) or a missing re-check fails it."""
-    import torch
     gc = ic.GuidanceCache(mode="agreement", threshold=0.05, interval=3)
     run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.8, 0.6, 0.4, 0.2, 0.0])
     key = ic.BranchKey(1, None, 0, (2, 4), "float32")
@@ -208,10 +216,10 @@ def test_agreement_mode_skips_once_the_branches_point_the_same_way_and_checks_ag
         ev.place(sigma, index, index)
         return gc.decide(run, ev, {key: state}, [])
 
-    gc.learned(run, state, eps_positive, -eps_positive, 1.0)  # opposite: disagreement 2
+    _learn(gc, run, state, eps_positive, -eps_positive, 1.0)  # opposite: disagreement 2
     run.transfer()
     assert state.disagreement == pytest.approx(2.0) and decide(1, 0.8), "disagreeing branches must compute"
-    gc.learned(run, state, eps_positive, 2 * eps_positive + 1e-3 * torch.randn(2, 4), 0.8)  # nearly parallel
+    _learn(gc, run, state, eps_positive, 2 * eps_positive + 1e-3 * torch.randn(2, 4), 0.8)  # nearly parallel
     run.transfer()
     assert state.disagreement < 1e-3
     assert not decide(2, 0.6), "agreeing branches leave the negative one out"
@@ -220,6 +228,28 @@ def test_agreement_mode_skips_once_the_branches_point_the_same_way_and_checks_ag
     gc.left_out(state, model_ran=True)
     assert decide(4, 0.2), "every `interval` evaluations the agreement is checked again"
     assert ic.GuidanceCache(mode="agreement", threshold=0.0).never_skips
+
+
+def test_agreement_is_measured_on_the_denoised_predictions_not_on_the_shared_noise():
+    """At high noise both branches' epsilons are mostly the input they share: here the denoised predictions point
+    opposite ways while the epsilons are nearly parallel. The branches disagree, so the negative one is computed; a
+    cosine of the epsilons (about 1) would leave it out."""
+    gc = ic.GuidanceCache(mode="agreement", threshold=0.05, interval=3)
+    run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.8, 0.0])
+    key = ic.BranchKey(1, None, 0, (2, 64), "float32")
+    state = run.branch_of(gc, key)
+    generator = torch.Generator().manual_seed(0)
+    x = 50 * torch.randn(2, 64, generator=generator)
+    image = torch.randn(2, 64, generator=generator)
+    eps_positive, eps_negative = x - image, x + image  # sigma 1: denoised = x - eps = image and -image
+    cosine = torch.nn.functional.cosine_similarity(eps_positive, eps_negative, dim=1)
+    assert float(1 - cosine.min()) < 0.01, "the epsilons must look agreed for this test to mean anything"
+    _learn(gc, run, state, eps_positive, eps_negative, 1.0, x=x)
+    run.transfer()
+    assert state.disagreement == pytest.approx(2.0, abs=1e-4)
+    run.evaluation = ev = ic.Evaluation(1, 2, ic.records.EvaluationRecord(1, 0, 0.8))
+    ev.place(0.8, 1, 1)
+    assert gc.decide(run, ev, {key: state}, []), "branches whose images disagree must both be computed"
 
 
 def test_released_run_keeps_no_branch_tensors():
@@ -231,7 +261,7 @@ def test_released_run_keeps_no_branch_tensors():
     gc = ic.GuidanceCache(interval=2)
     run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.0])
     state = run.branch_of(gc, ic.BranchKey(1, None, 0, (1, 2), "float32"))
-    gc.learned(run, state, torch.zeros(1, 2), torch.ones(1, 2), 1.0)
+    _learn(gc, run, state, torch.zeros(1, 2), torch.ones(1, 2), 1.0)
     held = tensors_in(run)
     assert held and all(".branch_states" in path for path in held), held
     run.release_caches()

@@ -175,3 +175,19 @@ def test_caching_that_skips_saves_work_and_stays_close(comfy, video_model, uncac
     images, reference = video_model.decode(latent), video_model.decode(uncached[0])
     mse = float(((images - reference) ** 2).mean())
     assert 0.0 < mse and 10 * math.log10(1 / mse) > 20.0
+
+
+def test_agreement_mode_keeps_the_negative_branch_while_the_denoised_predictions_disagree(comfy, video_model, uncached):
+    """Adaptive Guidance's agreement stop on a trained flow model: early on, both branches' epsilons are mostly
+    the noisy input they share, so their cosine says they agree when the images they point at do not (on this
+    model 1 - cos of the epsilons is 0.016 at the first step, under this threshold; of the denoised predictions
+    0.49). The agreement is measured on the denoised predictions: the negative branch is computed on every one of
+    the first evaluations, and left out once they agree, later in the schedule."""
+    latent, work = _run(comfy, _prompt([("CachedSamplerGuidanceCache", dict(
+        interval=4, mode="agreement", threshold=0.02, estimate="difference forecast", **WINDOW))]))
+    full = uncached[1]["negative_rows"]
+    rows = work["negative_rows"]
+    assert len(rows) == len(full) == STEPS
+    assert rows[:STEPS // 2] == full[:STEPS // 2], rows
+    assert sum(rows) < sum(full), rows
+    assert torch.isfinite(latent).all()

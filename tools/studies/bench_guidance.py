@@ -122,7 +122,7 @@ def sweep(runner: Runner, quick: bool) -> list[dict]:
             rows.append(runner.measure(f"Guidance Cache agreement {threshold:g} (re-check {interval})",
                                        guidance={"mode": "agreement", "threshold": threshold, "interval": interval}))
     for c in cadences[1:]:
-        for threshold in ((0.003, 0.01) if not quick else ()):
+        for threshold in ((0.0005, 0.001, 0.003) if not quick else ()):
             rows.append(runner.measure(f"Fixed Cadence {c} + TaylorSeer + Guidance Cache agreement {threshold:g}",
                                        cadence=c, guidance={"mode": "agreement", "threshold": threshold,
                                                             "interval": 4}))
