@@ -286,7 +286,9 @@ PROSE: dict[str, dict] = {
             "cached runs. Connect its chain to a Cached Sampler with the same steps, sampler, scheduler and denoise: "
             "used with another schedule the plan computes every step, and says so.",
             "Connect the model's VAE to `vae` to judge plans on the decoded images; raise `seeds` for a plan that "
-            "holds beyond one noise (each seed repeats the calibration's runs).",
+            "holds beyond one noise (each seed repeats the calibration's runs). For seeds never checked, set "
+            "`min_psnr` about 2.5 dB above the quality you need: on the bundled digits model the 37.5 dB plan kept "
+            "35 dB on 8 of 8 unseen seeds, the 35 dB plan on 5.",
         ],
         "families": [
             ("Any model", "target quality, min_psnr 35 (hard to tell apart) to 40 (practically identical), with the VAE connected"),
