@@ -17,7 +17,7 @@ Writes bench/results.md, bench/results.json and bench/pareto.png (see docs/measu
 ``--model video`` the same rows are measured on the pack's tiny Wan 2.1 video model (moving shapes, one video
 per class, 28 steps) into bench/results_video.md, results_video.json and pareto_video.png.
 
-    python3 tools/bench/bench.py            # the full bench (about 10-15 minutes on 2 CPU cores)
+    python3 tools/bench/bench.py            # the full bench (about 35-40 minutes on 2 CPU cores)
     python3 tools/bench/bench.py --quick    # a 1-2 minute smoke run
     python3 tools/bench/bench.py --model video
 """
