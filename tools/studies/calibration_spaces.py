@@ -54,25 +54,31 @@ class TimedVAENode:
         return (TimedVAE(vae),)
 
 
-def start_study():
+MODELS = {  # the bundled models a study can run on: the node that loads one, and its module
+    "digits": ({"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123456789"}}, "nodes.digits_model"),
+    "video": ({"class_type": "CachedSamplerVideoModel", "inputs": {"classes": "01234567"}}, "nodes.video_model"),
+}
+
+
+def start_study(model: str = "digits"):
     """A headless ComfyUI with the pack and the timed VAE node, quiet progress bars; (the app, the pack's
-    interceptors module, the digits model's decoder)."""
+    interceptors module, the bundled ``model``'s decoder)."""
     app = start_comfy()
     app.nodes.NODE_CLASS_MAPPINGS["ToolTimedVAE"] = TimedVAENode
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False
-    return app, app.module("interceptors"), app.module("nodes.digits_model").decode
+    return app, app.module("interceptors"), app.module(MODELS[model][1]).decode
 
 
 def sampling(args, seed: int) -> dict:
-    return {"model": ["digits", 0], "seed": seed, "steps": args.steps, "cfg": 3.0, "sampler_name": "euler",
-            "scheduler": "simple", "positive": ["digits", 1], "negative": ["digits", 2],
-            "latent_image": ["digits", 3], "denoise": 1.0}
+    return {"model": ["source", 0], "seed": seed, "steps": args.steps, "cfg": 3.0, "sampler_name": "euler",
+            "scheduler": "simple", "positive": ["source", 1], "negative": ["source", 2],
+            "latent_image": ["source", 3], "denoise": 1.0}
 
 
-def base_prompt() -> dict:
-    return {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123456789"}},
-            "vae": {"class_type": "ToolTimedVAE", "inputs": {"vae": ["digits", 4]}}}
+def base_prompt(model: str = "digits") -> dict:
+    """The bundled ``model`` (node ``source``: model, positive, negative, latent, VAE) and its timed VAE."""
+    return {"source": MODELS[model][0], "vae": {"class_type": "ToolTimedVAE", "inputs": {"vae": ["source", 4]}}}
 
 
 def capture(prompt: dict, node: str, key: str, output: int = 0) -> None:
@@ -85,7 +91,7 @@ def run_plan(app, executor, args, target: float, vae: bool, seeds: int, eval_see
     calibration = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
         **sampling(args, args.seed), "target": "quality", "min_psnr": target, "budget": 8, "order": 1,
         "seeds": seeds, **({"vae": ["vae", 0]} if vae else {})}}
-    prompt = base_prompt() | {"calibrate": calibration}
+    prompt = base_prompt(getattr(args, "model", "digits")) | {"calibrate": calibration}
     capture(prompt, "calibrate", "calibration_uncached", output=1)
     DECODES.update(count=0, seconds=0.0)
     started = time.perf_counter()

@@ -2,13 +2,16 @@
 
 A hand-tuned setting is tuned on some seed too: the bench's "best hand-tuned" is the best setting at the seed it
 measures, which no user knows in advance for the next seed. This study puts Auto Calibrate and the hand-tuned
-settings on the same footing. On the bundled digits model (all ten digits, euler / simple, cfg 3, 28 steps):
+settings on the same footing. On a bundled model (``--model``: the digits model, all ten digits, or the video
+model, a tiny Wan 2.1, all eight classes; euler / simple, cfg 3, 28 steps):
 
 * Auto Calibrate plans each PSNR target at the calibration seed (image PSNR, the model's VAE connected), with
   ``seeds`` 1 and 3;
-* the hand-tuned settings are those the bench finds best at these floors, Fixed Cadence + TaylorSeer order 1 and 2
-  over intervals 2-8, and fewer steps (the uncached sampler at 3-27 steps); the one a user would pick is the one
-  with the least work that meets the target *at the calibration seed*, as Auto Calibrate is planned there;
+* the hand-tuned settings are those the bench finds best at these floors on that model, and fewer steps (the
+  uncached sampler at 3-27 steps). Digits: Fixed Cadence + TaylorSeer order 1 and 2 over intervals 2-8. Video: Fixed
+  Cadence with ``growth`` (Spectrum's growing schedule, intervals 2-3, growth 0-3) + TaylorSeer order 1, alone and
+  with the bench's Guidance Cache after it. The one a user would pick is the one with the least work that meets
+  the target *at the calibration seed*, as Auto Calibrate is planned there;
 * all of them are then sampled at held-out seeds that none was tuned on, and their decoded digits compared with the
   uncached ones.
 
@@ -18,6 +21,7 @@ bench's comparison. Prints a markdown report.
     python3 tools/studies/held_out_seeds.py                      # targets 35, 40, 45 dB, 8 held-out seeds (about 25 min on 2 cores)
     python3 tools/studies/held_out_seeds.py --targets 35 --held-out 2 --confirm-seeds 1
     python3 tools/studies/held_out_seeds.py --targets 45 --margin 2.5 --confirm-seeds 1   # the 47.5 dB plan at 45 dB
+    python3 tools/studies/held_out_seeds.py --model video        # the video model (about 30 min on 2 cores)
 """
 from __future__ import annotations
 
@@ -29,40 +33,73 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
 import devkit  # noqa: E402,F401
 
+from bench_discover import GUIDANCE_ON_CADENCE  # noqa: E402
 from calibration_spaces import HELD_OUT_FROM, base_prompt, capture, run_plan, sampling, start_study  # noqa: E402
 
-INTERVALS = range(2, 9)
+INTERVALS = range(2, 9)  # digits: Fixed Cadence + TaylorSeer order 1 and 2
 ORDERS = (1, 2)
+GROWING = tuple((i, g) for i in (2, 3) for g in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0))  # video: (interval, growth)
+# the Guidance Cache the bench chains after the growing cadence, the node's other inputs at their defaults
+GUIDED = {"threshold": 0.0, "estimate": "difference forecast", "end_percent": 1.0, **GUIDANCE_ON_CADENCE}
+GUIDED_NAME = " + Guidance Cache {interval} from {start_percent:g}".format(**GUIDED)
+WORK_TIE = 1e-4  # work shares closer than this are the same work (the run's work_saved is rounded to 4 places)
+MODEL_WORDS = {"digits": ("digits model", "all ten digits", "digits"),
+               "video": ("video model (a tiny Wan 2.1)", "all eight classes", "frames")}
 
 
-def sample_all(app, executor, args, seeds: list[int], settings: dict) -> dict:
-    """Latents of every setting at every seed, one prompt per seed: ``settings`` maps a name to
-    ("fewer", steps) or ("cadence", (interval, order)); "uncached" is the full-step KSampler."""
+def hand_tuned(model: str) -> dict:
+    """The hand-tuned settings the bench finds best on ``model``: name -> ("cadence", (interval, order, growth,
+    Guidance Cache after it))."""
+    if model == "digits":
+        return {f"Fixed Cadence {i} + TaylorSeer o{o}": ("cadence", (i, o, 0.0, False)) for o in ORDERS for i in INTERVALS}
+    settings = {}
+    for guided in (False, True):
+        for i, g in GROWING:
+            name = f"Fixed Cadence {i}, growth {g:g} + TaylorSeer o1{GUIDED_NAME if guided else ''}"
+            settings[name] = ("cadence", (i, 1, g, guided))
+    return settings
+
+
+def sample_all(app, executor, args, seeds: list[int], settings: dict) -> tuple[dict, dict]:
+    """Latents of every setting at every seed, one prompt per seed, and the work each cached setting did as its
+    run's own count (its share of the uncached run's model work; the same at every seed). ``settings`` maps a
+    name to ("fewer", steps) or ("cadence", (interval, order, growth, guided)); "uncached" is the full-step
+    KSampler."""
     from tiny_nodes import CAPTURED
-    out = {}
+    out, work, samplers = {}, {}, {}
     for seed in seeds:
-        prompt = base_prompt()
+        prompt = base_prompt(args.model)
         del prompt["vae"]
         for name, (kind, value) in settings.items():
             node = f"n{len(prompt)}"
             if kind == "fewer":
                 prompt[node] = {"class_type": "KSampler", "inputs": {**sampling(args, seed), "steps": value}}
             else:
-                interval, order = value
+                interval, order, growth, guided = value
                 prompt[f"{node}c"] = {"class_type": "CachedSamplerFixedCadence", "inputs": {
-                    "interval": interval, "start_percent": 0.0, "end_percent": 1.0}}
+                    "interval": interval, "start_percent": 0.0, "end_percent": 1.0, "growth": growth}}
                 prompt[f"{node}t"] = {"class_type": "CachedSamplerTaylorSeer", "inputs": {
                     "order": order, "interceptors": [f"{node}c", 0]}}
+                last = f"{node}t"
+                if guided:
+                    prompt[f"{node}g"] = {"class_type": "CachedSamplerGuidanceCache", "inputs": {
+                        **GUIDED, "interceptors": [last, 0]}}
+                    last = f"{node}g"
                 prompt[node] = {"class_type": "CachedSampler", "inputs": {
-                    **sampling(args, seed), "interceptors": [f"{node}t", 0]}}
+                    **sampling(args, seed), "interceptors": [last, 0]}}
             capture(prompt, node, f"{name}@{seed}")
-        app.run(prompt, executor)
+            samplers[name] = node
+        _, ui = app.run(prompt, executor)
         out.update({(name, seed): CAPTURED[f"{name}@{seed}"] for name in settings})
-    return out
+        for name, (kind, value) in settings.items():  # work_saved is rounded to 4 places: compare with WORK_TIE
+            work[name] = (value / args.steps if kind == "fewer" else
+                          1 - ui[samplers[name]]["cached_sampler"][0]["runs"][0]["work_saved"])
+    return out, work
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=tuple(MODEL_WORDS), default="digits", help="the bundled model to measure")
     parser.add_argument("--steps", type=int, default=28)
     parser.add_argument("--targets", type=float, nargs="+", default=[35.0, 40.0, 45.0], help="PSNR targets (dB)")
     parser.add_argument("--seed", type=int, default=1, help="the seed everything is tuned and planned at")
@@ -72,7 +109,7 @@ def main(argv=None) -> int:
                         "many dB (negative: below it); everything is still judged against the target")
     args = parser.parse_args(argv)
 
-    app, ic, decode = start_study()
+    app, ic, decode = start_study(args.model)
     held_out = list(range(HELD_OUT_FROM, HELD_OUT_FROM + args.held_out))
     seeds = [args.seed, *held_out]
     executor = app.executor()
@@ -80,14 +117,12 @@ def main(argv=None) -> int:
     full = args.steps
     settings = {"uncached": ("fewer", full)}
     settings.update({f"fewer steps {k}": ("fewer", k) for k in range(3, full)})
-    settings.update({f"Fixed Cadence {i} + TaylorSeer o{o}": ("cadence", (i, o)) for o in ORDERS for i in INTERVALS})
-    latents = sample_all(app, executor, args, seeds, settings)
+    settings.update(hand_tuned(args.model))
+    latents, work = sample_all(app, executor, args, seeds, settings)
+    del work["uncached"]
     reference = {s: decode(latents[("uncached", s)]) for s in seeds}
     psnr = {(name, s): ic.image_quality(reference[s], decode(latents[(name, s)])).psnr
-            for name in settings if name != "uncached" for s in seeds}
-    work = {name: (value / full if kind == "fewer" else
-                   len(range(0, full, value[0])) / full + (0 if (full - 1) % value[0] == 0 else 1 / full))
-            for name, (kind, value) in settings.items() if name != "uncached"}
+            for name in work for s in seeds}
 
     def pick(candidates, seed, target):
         """The least work among ``candidates`` meeting ``target`` at ``seed`` (None if none does)."""
@@ -96,12 +131,13 @@ def main(argv=None) -> int:
 
     hand = [n for n in work if n.startswith("Fixed")]
     fewer = [n for n in work if n.startswith("fewer")]
-    print(f"Auto Calibrate and hand-tuned settings on held-out seeds: digits model, {full} steps, euler / simple, "
-          f"cfg 3, all ten digits. Everything tuned or planned at seed {args.seed}; measured at {len(held_out)} "
-          f"held-out seeds ({', '.join(map(str, held_out))}). Work = model evaluations against the uncached run "
-          f"(each computes every block on both CFG rows); image PSNR of the decoded digits against the uncached "
-          f"ones at the same seed. *Oracle* = the best hand-tuned setting (Fixed Cadence + TaylorSeer) chosen at "
-          f"each held-out seed itself.\n")
+    model, batch, images = MODEL_WORDS[args.model]
+    print(f"Auto Calibrate and hand-tuned settings on held-out seeds: {model}, {full} steps, euler / simple, "
+          f"cfg 3, {batch}. Everything tuned or planned at seed {args.seed}; measured at {len(held_out)} "
+          f"held-out seeds ({', '.join(map(str, held_out))}). Work = the model work of the run against the uncached "
+          f"one (an evaluation computes every block on both CFG rows; the Guidance Cache's computes the positive "
+          f"row only); image PSNR of the decoded {images} against the uncached ones at the same seed. *Oracle* = "
+          f"the best hand-tuned setting chosen at each held-out seed itself.\n")
     print("| target | method (tuned at the calibration seed) | work saved | held-out seeds meeting the target | "
           "held-out PSNR: worst / mean | seeds where it meets the target and saves at least the oracle |")
     print("|---|---|---|---|---|---|")
@@ -124,7 +160,7 @@ def main(argv=None) -> int:
             rows.append((f"{label}: {chosen}", work[chosen], [psnr[(chosen, s)] for s in held_out]))
         for label, used, values in rows:
             met = [v >= target for v in values]
-            beats = [m and (oracle[s] is None or used <= work[oracle[s]] + 1e-9) for m, s in zip(met, held_out)]
+            beats = [m and (oracle[s] is None or used <= work[oracle[s]] + WORK_TIE) for m, s in zip(met, held_out)]
             spread = f"{min(values):.1f} / {statistics.mean(values):.1f} dB" if values else "-"
             print(f"| {target:g} dB | {label} | {1 - used:.0%} | {sum(met)}/{len(held_out)} | {spread} | "
                   f"{sum(beats)}/{len(held_out)} |")
