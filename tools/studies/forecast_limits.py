@@ -21,8 +21,9 @@ rule, on the bundled digits model (all ten digits, simple schedule, cfg 3, 28 st
   trajectory's forecasts what decided, this would bound every rule above.
 
 Then, on the bundled video model (a tiny Wan 2.1, 8 classes), Fixed Cadence (growing and not) + TaylorSeer through
-the pack's Cached Sampler path at several seeds: how far one schedule's PSNR moves from one noise to the next.
-Prints a markdown report.
+the pack's Cached Sampler path at several seeds: how far one schedule's PSNR moves from one noise to the next;
+and, for one plan in the loop, whether the forecast's miss at the computed steps (what a run can check while it
+samples) tells the seeds that fall short from those that do not. Prints a markdown report.
 
     python3 tools/studies/forecast_limits.py            # about 6 min on 2 cores
     python3 tools/studies/forecast_limits.py --quick    # one plan, two seeds
@@ -44,6 +45,8 @@ STEPS = 28
 CFG = 3.0
 CALIBRATION_SEED = 1
 HELD_OUT = (0, 3, 100, 101)
+# Auto Calibrate's 35 dB plan for the video model at seed 1 (tools/studies/held_out_seeds.py --model video)
+VIDEO_PLAN = (0, 5, 9, 13, 17, 21, 23, 25, 27)
 
 
 lagrange = None  # the pack's own interpolation weights (interceptors.taylorseer.lagrange_weights), bound in main()
@@ -84,8 +87,10 @@ class Rule:
         return self.back(x, q, s)
 
 
-def planned_euler(plan: tuple[int, ...], rule: Rule, record: list):
-    """A ComfyUI KSAMPLER: euler over the given sigmas, the model computed on ``plan``'s evaluations only."""
+def planned_euler(plan: tuple[int, ...], rule: Rule, record: list, misses: list | None = None):
+    """A ComfyUI KSAMPLER: euler over the given sigmas, the model computed on ``plan``'s evaluations only. With
+    ``misses``, each computed evaluation after the second adds (evaluation, relative L1 error of the forecast a
+    skip would have used there against the computed output): the miss of the gap it ends."""
     import comfy.samplers
     computed = sorted(set(plan))
 
@@ -99,6 +104,9 @@ def planned_euler(plan: tuple[int, ...], rule: Rule, record: list):
             if i in computed or not history:
                 eps = (x - model(x, sigmas[i] * ones, **extra_args)) / s
                 record.append(eps)
+                if misses is not None and len(history) >= 2:
+                    forecast = rule.forecast(history, x, s, bisect.bisect(computed, i) - 1, i)
+                    misses.append((i, float((forecast - eps).abs().mean() / eps.abs().mean())))
                 if rule.corrector and pending:
                     through = history[-rule.order:] + [(s, eps)]
                     for sj, dtj, forecast in pending:
@@ -126,10 +134,10 @@ class Workload:
         self.references = {}
         self.outputs = {}  # seed -> the uncached run's eps of every evaluation
 
-    def images(self, seed: int, plan, rule: Rule, record=None):
+    def images(self, seed: int, plan, rule: Rule, record=None, misses=None):
         import comfy.sample
         noise = comfy.sample.prepare_noise(self.latent, seed)
-        sampler = planned_euler(plan, rule, record if record is not None else [])
+        sampler = planned_euler(plan, rule, record if record is not None else [], misses)
         out = comfy.sample.sample_custom(self.model, noise, CFG, sampler, self.sigmas, self.positive,
                                          self.negative, self.latent, disable_pbar=True, seed=seed)
         return self.decode(out)
@@ -164,9 +172,9 @@ class Workload:
                 weights[j] = [scale * lin[j][0], 1 + scale * (lin[j][1] - 1)]
         return Rule(1, weights=weights)
 
-    def psnr(self, seed: int, plan, rule: Rule) -> float:
+    def psnr(self, seed: int, plan, rule: Rule, misses=None) -> float:
         from bench_metrics import psnr
-        return psnr(self.images(seed, plan, rule), self.reference(seed))
+        return psnr(self.images(seed, plan, rule, misses=misses), self.reference(seed))
 
 
 def pack_run(app, work: Workload, items: list, seed: int) -> tuple[float, object]:
@@ -274,7 +282,34 @@ def main(argv=None) -> int:
     for p, items in video_plans.items():
         values = [pack_psnr(app, video, items, s) for s in seeds]
         print(f"| {p} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {max(values) - min(values):.1f} dB |")
+    seed_misses(video, VIDEO_PLAN, (1, 100) if args.quick else (1, *range(100, 108)))
     return 0
+
+
+def seed_misses(video: Workload, plan: tuple[int, ...], seeds) -> None:
+    """Whether a run could tell, while it samples, that its seed will fall short: for one plan, each seed's PSNR
+    beside how far the forecast missed at the plan's computed steps (what a check of the forecast against the
+    computed output, as the Verified Forecast makes, can see)."""
+    results = {}
+    for seed in seeds:
+        misses = []
+        results[seed] = (video.psnr(seed, plan, Rule(1), misses), dict(misses))
+    steps = sorted(results[seeds[0]][1])
+    print("\n## What a run can see of its seed (video model)\n")
+    print(f"The plan Auto Calibrate makes for 35 dB at seed 1 (steps {', '.join(str(i + 1) for i in plan)}; "
+          f"TaylorSeer o1) in the loop above, at seed 1 and at held-out seeds: the decoded-frame PSNR, and at each "
+          f"computed step from the third on the relative L1 error of the forecast a skip would have used there "
+          f"against the computed output.\n")
+    print("| seed | PSNR | " + " | ".join(f"miss at step {i + 1}" for i in steps) + " |")
+    print("|---|---|" + "---|" * len(steps))
+    for seed, (value, misses) in results.items():
+        print(f"| {seed} | {value:.2f} | " + " | ".join(f"{misses[i]:.3f}" for i in steps) + " |")
+    values = [v for v, _ in results.values()]
+    spread = [max(m[i] for _, m in results.values()) / min(m[i] for _, m in results.values()) for i in steps]
+    mean_miss = [statistics.mean(m.values()) for _, m in results.values()]
+    print(f"\nPSNR spread {max(values) - min(values):.1f} dB; the miss at one step differs by at most "
+          f"{max(spread) - 1:.0%} from seed to seed; correlation of the PSNR with the mean miss over the seeds: "
+          f"{statistics.correlation(values, mean_miss) if len(values) > 2 else float('nan'):.2f}.")
 
 
 if __name__ == "__main__":
