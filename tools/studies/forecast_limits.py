@@ -23,7 +23,8 @@ rule, on the bundled digits model (all ten digits, simple schedule, cfg 3, 28 st
 Then, on the bundled video model (a tiny Wan 2.1, 8 classes), Fixed Cadence (growing and not) + TaylorSeer through
 the pack's Cached Sampler path at several seeds: how far one schedule's PSNR moves from one noise to the next;
 and, for one plan in the loop, whether the forecast's miss at the computed steps (what a run can check while it
-samples) tells the seeds that fall short from those that do not. Prints a markdown report.
+samples) tells the seeds that fall short from those that do not, and whether more computed steps give a better
+result there. Prints a markdown report.
 
     python3 tools/studies/forecast_limits.py            # about 6 min on 2 cores
     python3 tools/studies/forecast_limits.py --quick    # one plan, two seeds
@@ -283,7 +284,27 @@ def main(argv=None) -> int:
         values = [pack_psnr(app, video, items, s) for s in seeds]
         print(f"| {p} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {max(values) - min(values):.1f} dB |")
     seed_misses(video, VIDEO_PLAN, (1, 100) if args.quick else (1, *range(100, 108)))
+    more_steps(video, (12, 14) if args.quick else (9, 12, 14, 16, 18, 20), (1, 2) if args.quick else (1, 2, 3))
     return 0
+
+
+def spread_evenly(k: int) -> tuple[int, ...]:
+    """``k`` computed evaluations of STEPS, the first and the last among them, as evenly apart as whole steps allow."""
+    return tuple(sorted({round(i * (STEPS - 1) / (k - 1)) for i in range(k)}))
+
+
+def more_steps(video: Workload, counts, seeds) -> None:
+    """Whether computing more evaluations gives a better result on the video model: evenly spread plans of
+    ``counts`` computed evaluations, TaylorSeer o1 and o2, at ``seeds``."""
+    print("\n## More computed steps, seed by seed (video model)\n")
+    print(f"Plans computing N of {STEPS} evaluations spread evenly (the first and the last among them), in the "
+          f"loop above; decoded-frame PSNR against the uncached run at each seed.\n")
+    print("| computed | forecast | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    print("|---|---|" + "---|" * len(seeds))
+    for k in counts:
+        for order in (1, 2):
+            values = [video.psnr(s, spread_evenly(k), Rule(order)) for s in seeds]
+            print(f"| {k} | TaylorSeer o{order} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
 
 
 def seed_misses(video: Workload, plan: tuple[int, ...], seeds) -> None:
