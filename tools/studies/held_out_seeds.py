@@ -21,7 +21,7 @@ bench's comparison. Prints a markdown report.
     python3 tools/studies/held_out_seeds.py                      # targets 35, 40, 45 dB, 8 held-out seeds (about 25 min on 2 cores)
     python3 tools/studies/held_out_seeds.py --targets 35 --held-out 2 --confirm-seeds 1
     python3 tools/studies/held_out_seeds.py --targets 45 --margin 2.5 --confirm-seeds 1   # the 47.5 dB plan at 45 dB
-    python3 tools/studies/held_out_seeds.py --model video        # the video model (about 70 min on 2 cores)
+    python3 tools/studies/held_out_seeds.py --model video        # the video model (about 80 min on 2 cores)
 """
 from __future__ import annotations
 
