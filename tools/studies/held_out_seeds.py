@@ -12,7 +12,7 @@ model, a tiny Wan 2.1, all eight classes; euler / simple, cfg 3, 28 steps):
   Cadence with ``growth`` (Spectrum's growing schedule, intervals 2-3, growth 0-3) + TaylorSeer order 1, alone and
   with the bench's Guidance Cache after it. The one a user would pick is the one with the least work that meets
   the target *at the calibration seed*, as Auto Calibrate is planned there;
-* all of them are then sampled at held-out seeds that none was tuned on, and their decoded digits compared with the
+* all of them are then sampled at held-out seeds that none was tuned on, and their decoded images compared with the
   uncached ones.
 
 For each held-out seed it also reports the *oracle*: the best hand-tuned setting chosen at that very seed, the
@@ -33,15 +33,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
 import devkit  # noqa: E402,F401
 
-from bench_discover import GUIDANCE_ON_CADENCE  # noqa: E402
+from bench_discover import GUIDANCE, GUIDANCE_ON_CADENCE, widget_defaults  # noqa: E402
 from calibration_spaces import HELD_OUT_FROM, base_prompt, capture, run_plan, sampling, start_study  # noqa: E402
 
 INTERVALS = range(2, 9)  # digits: Fixed Cadence + TaylorSeer order 1 and 2
 ORDERS = (1, 2)
 GROWING = tuple((i, g) for i in (2, 3) for g in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0))  # video: (interval, growth)
-# the Guidance Cache the bench chains after the growing cadence, the node's other inputs at their defaults
-GUIDED = {"threshold": 0.0, "estimate": "difference forecast", "end_percent": 1.0, **GUIDANCE_ON_CADENCE}
-GUIDED_NAME = " + Guidance Cache {interval} from {start_percent:g}".format(**GUIDED)
+GUIDED_NAME = " + Guidance Cache {interval} from {start_percent:g}".format(**GUIDANCE_ON_CADENCE)  # the bench's
 WORK_TIE = 1e-4  # work shares closer than this are the same work (the run's work_saved is rounded to 4 places)
 MODEL_WORDS = {"digits": ("digits model", "all ten digits", "digits"),
                "video": ("video model (a tiny Wan 2.1)", "all eight classes", "frames")}
@@ -66,6 +64,8 @@ def sample_all(app, executor, args, seeds: list[int], settings: dict) -> tuple[d
     name to ("fewer", steps) or ("cadence", (interval, order, growth, guided)); "uncached" is the full-step
     KSampler."""
     from tiny_nodes import CAPTURED
+    # the Guidance Cache the bench chains after the growing cadence, its other inputs at the node's defaults
+    guided_inputs = {**widget_defaults(app.nodes.NODE_CLASS_MAPPINGS[GUIDANCE])[0], **GUIDANCE_ON_CADENCE}
     out, work, samplers = {}, {}, {}
     for seed in seeds:
         prompt = base_prompt(args.model)
@@ -83,7 +83,7 @@ def sample_all(app, executor, args, seeds: list[int], settings: dict) -> tuple[d
                 last = f"{node}t"
                 if guided:
                     prompt[f"{node}g"] = {"class_type": "CachedSamplerGuidanceCache", "inputs": {
-                        **GUIDED, "interceptors": [last, 0]}}
+                        **guided_inputs, "interceptors": [last, 0]}}
                     last = f"{node}g"
                 prompt[node] = {"class_type": "CachedSampler", "inputs": {
                     **sampling(args, seed), "interceptors": [last, 0]}}
