@@ -291,8 +291,11 @@ def main(argv=None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(1)
     adapter, ic = start_comfy(args.device)
-    results = [bench_model(adapter, ic, name, args) for name in args.models]
-    print(write(results, args, Path(args.out)))
+    results, text = [], ""
+    for name in args.models:  # written after each model: a run cut short keeps the models it finished
+        results.append(bench_model(adapter, ic, name, args))
+        text = write(results, args, Path(args.out))
+    print(text)
     return 0
 
 
