@@ -290,6 +290,9 @@ def neighbours(compute: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
     return out
 
 
+PATIENCE = 3  # budgets in a row below the bisection's answer that must fail before the search stops trying fewer
+
+
 @dataclasses.dataclass
 class SearchOutcome:
     compute: tuple[int, ...]
@@ -301,7 +304,7 @@ class SearchOutcome:
 
 def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *, min_psnr: float | None = None,
            budget: int | None = None, orders: Sequence[int] = ORDERS, per_budget: int = 4, refine: int | None = None,
-           extra=None) -> SearchOutcome:
+           extra=None, patience: int = PATIENCE) -> SearchOutcome:
     """The least work that meets ``min_psnr`` (or, for ``budget``, the best plan of exactly that many computed
     evaluations), every candidate confirmed by ``measure(compute, order) -> quality`` (a real sampling run: the
     measured PSNR decides, the error model only ranks).
@@ -309,7 +312,11 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
     ``min_psnr``: bisection over budgets; at each budget up to ``per_budget`` candidates with distinct placements
     are measured in the model's order until one meets the bound. Then one budget less is tried once more by a
     measured local search (``refine`` runs at most, default 2 per free evaluation): from the best plan measured
-    there, moving one computed evaluation by a step while that raises the PSNR. Last, the budget found is
+    there, moving one computed evaluation by a step while that raises the PSNR. Bisection takes a budget that
+    fails to mean that every smaller one fails too, which is not so on every model (on the video model one computed
+    step more or less moves the result by several dB either way), so the budgets below the one found are then
+    tried in turn, each with its candidates, until ``patience`` budgets in a row (the one just below included)
+    have none that meets the bound; a budget that meets it becomes the one found. Last, the budget found is
     *polished*: its remaining candidates are measured and the same local search climbs from the best of them, so
     the plan returned is the highest PSNR found at the least work that meets the bound, not the first placement
     that just did. The margin above the bound is what carries the plan to seeds it was not measured on (on the
@@ -394,6 +401,14 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
         found = start if meets(start) else climb(start, climb_limit(b), stop=True)
         if meets(found):
             best = found
+    misses, b = 0, len(best[0]) - 1
+    while b >= min(2, n) and misses < patience:  # the scan below the bisection's answer
+        key = at_budget(b, stop=True)
+        if meets(key):
+            best, misses = key, 0
+        else:
+            misses += 1
+        b -= 1
     return outcome(polish(len(best[0])))
 
 

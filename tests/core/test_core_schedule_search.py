@@ -152,6 +152,38 @@ def test_the_plan_is_the_best_measured_at_the_least_budget_not_the_first_to_meet
     assert polished, "no case where the first placement to meet the bound was not the best: nothing was tested"
 
 
+def _budget_measure(meets_at):
+    """A stand-in whose PSNR depends on the number of computed evaluations only: 40 dB where ``meets_at`` holds,
+    else 30 dB (less the plan's last index, so placements still differ)."""
+    runs = []
+
+    def measure(compute, order):
+        runs.append((compute, order))
+        return type("Q", (), {"psnr": (40.0 if meets_at(len(compute)) else 30.0) - compute[-1] / 100})()
+
+    return measure, runs
+
+
+def test_fewer_computed_steps_are_tried_below_the_bisections_answer():
+    """Where more computed steps can give a worse result (4 of 9 meets the bound, 5 and 6 do not, 7 and more do),
+    the bisection alone (its first probe, 5, fails) stops at 7; the scan below it finds 4. On a monotone landscape
+    the scan stops once ``PATIENCE`` budgets in a row fail, the one just below included: at most
+    ``PATIENCE - 1`` budgets' candidates more."""
+    measure, _ = _budget_measure(lambda b: b == 4 or b >= 7)
+    assert len(ss.search(SIGMAS, _outputs(3), measure, min_psnr=35.0, patience=0).compute) == 7
+    found = ss.search(SIGMAS, _outputs(3), measure, min_psnr=35.0)
+    assert len(found.compute) == 4 and found.quality.psnr >= 35.0
+
+    monotone, runs = _budget_measure(lambda b: b >= 6)
+    assert len(ss.search(SIGMAS, _outputs(3), monotone, min_psnr=35.0, patience=0).compute) == 6
+    without = len(set(runs))
+    runs.clear()
+    assert len(ss.search(SIGMAS, _outputs(3), monotone, min_psnr=35.0).compute) == 6
+    budgets_tried = {len(c) for c, _ in runs}
+    extra = len(set(runs)) - without
+    assert min(budgets_tried) == 6 - ss.PATIENCE and 0 < extra <= (ss.PATIENCE - 1) * 4, (budgets_tried, extra)
+
+
 def test_an_unreachable_target_computes_everything():
     measure, _ = _synthetic_measure(_outputs(4))
     found = ss.search(SIGMAS, _outputs(4), measure, min_psnr=1e9)

@@ -22,6 +22,7 @@ bench's comparison. Prints a markdown report.
     python3 tools/studies/held_out_seeds.py --targets 35 --held-out 2 --confirm-seeds 1
     python3 tools/studies/held_out_seeds.py --targets 45 --margin 2.5 --confirm-seeds 1   # the 47.5 dB plan at 45 dB
     python3 tools/studies/held_out_seeds.py --model video        # the video model (about 80 min on 2 cores)
+    python3 tools/studies/held_out_seeds.py --model video --auto-only --confirm-seeds 3   # Auto Calibrate's rows only
 """
 from __future__ import annotations
 
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
     parser.add_argument("--confirm-seeds", type=int, nargs="+", default=[1, 3], help="Auto Calibrate's 'seeds'")
     parser.add_argument("--margin", type=float, default=0.0, help="Auto Calibrate plans for the target plus this "
                         "many dB (negative: below it); everything is still judged against the target")
+    parser.add_argument("--auto-only", action="store_true", help="Auto Calibrate's rows only (no hand-tuned "
+                        "settings, fewer steps or oracle): to measure its plans again after a change to its search")
     args = parser.parse_args(argv)
 
     app, ic, decode = start_study(args.model)
@@ -116,8 +119,9 @@ def main(argv=None) -> int:
 
     full = args.steps
     settings = {"uncached": ("fewer", full)}
-    settings.update({f"fewer steps {k}": ("fewer", k) for k in range(3, full)})
-    settings.update(hand_tuned(args.model))
+    if not args.auto_only:
+        settings.update({f"fewer steps {k}": ("fewer", k) for k in range(3, full)})
+        settings.update(hand_tuned(args.model))
     latents, work = sample_all(app, executor, args, seeds, settings)
     del work["uncached"]
     reference = {s: decode(latents[("uncached", s)]) for s in seeds}
@@ -152,7 +156,7 @@ def main(argv=None) -> int:
                          f"{plan['computed']}/{plan['evaluations']} computed", plan["computed"] / plan["evaluations"],
                          values))
             print(f"[{asked:g} dB, seeds {confirm}] {plan['text']}", file=sys.stderr, flush=True)
-        for label, pool in (("hand-tuned", hand), ("fewer steps", fewer)):
+        for label, pool in () if args.auto_only else (("hand-tuned", hand), ("fewer steps", fewer)):
             chosen = pick(pool, args.seed, target)
             if chosen is None:
                 rows.append((f"{label}: nothing meets it at the calibration seed", 1.0, []))
@@ -163,7 +167,9 @@ def main(argv=None) -> int:
             beats = [m and (oracle[s] is None or used <= work[oracle[s]] + WORK_TIE) for m, s in zip(met, held_out)]
             spread = f"{min(values):.1f} / {statistics.mean(values):.1f} dB" if values else "-"
             print(f"| {target:g} dB | {label} | {1 - used:.0%} | {sum(met)}/{len(held_out)} | {spread} | "
-                  f"{sum(beats)}/{len(held_out)} |")
+                  f"{'-' if args.auto_only else f'{sum(beats)}/{len(held_out)}'} |")
+        if args.auto_only:
+            continue
         saved = [1 - work[oracle[s]] for s in held_out if oracle[s] is not None]
         print(f"| {target:g} dB | oracle: the best hand-tuned setting at each seed | "
               f"{min(saved):.0%}-{max(saved):.0%} | {len(saved)}/{len(held_out)} | - | - |" if saved else
