@@ -53,6 +53,15 @@ if [ -f "$COMFY/requirements.txt" ]; then
   done
   [ -n "$ok" ] || { echo "setup: ComfyUI does not import (${report:-see above})." >&2; exit 1; }
   [ -z "$report" ] || printf '%s\n' "$report" | sed 's/^/setup: /' >&2
+  # city96's ComfyUI-GGUF, where that ComfyUI has it (or COMFYUI_GGUF_PATH names it): its requirements, as
+  # ComfyUI-Manager would install them, so that the GGUF test runs instead of skipping for want of `gguf`
+  for gguf_nodes in "${COMFYUI_GGUF_PATH:-}" "$COMFY"/custom_nodes/*[Gg][Gg][Uu][Ff]*; do
+    if [ -f "$gguf_nodes/requirements.txt" ]; then
+      quiet -r "$gguf_nodes/requirements.txt" "$PIN" \
+        || echo "setup: could not install the requirements of $gguf_nodes; the GGUF test will be skipped." >&2
+      break
+    fi
+  done
 else
   echo "setup: no ComfyUI at $COMFY (set COMFYUI_PATH); integration tests will be skipped." >&2
 fi
