@@ -184,6 +184,36 @@ def test_fewer_computed_steps_are_tried_below_the_bisections_answer():
     assert min(budgets_tried) == 6 - ss.PATIENCE and 0 < extra <= (ss.PATIENCE - 1) * 4, (budgets_tried, extra)
 
 
+def test_the_search_descends_from_the_plan_found_by_leaving_one_computed_step_out():
+    """Where the only plans of a budget that meet the bound are the best plan of the budget above less one step
+    (the digits model at 47.5 dB: 11 of 28 steps read 51.9 dB, the best 10-step candidate less than 46.25 dB, the
+    11-step plan without its last step 48.8 dB), neither the candidates nor the local search find them, and the
+    descent does, then stops where no plan less one step meets the bound."""
+    outputs = _outputs(3)
+
+    def above(compute, order):  # 7 steps and more meet the bound, by a pseudo-random margin per placement
+        return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
+
+    seven = ss.search(SIGMAS, outputs, above, min_psnr=35.0).compute
+    assert len(seven) == 7
+
+    def landscape(compute, order):  # as above, and the 6-step subsets of that 7-step plan meet it too
+        subset = len(compute) == 6 and set(compute) < set(seven)
+        return type("Q", (), {"psnr": 36.0 - compute[-1] / 100 if subset else above(compute, order).psnr})()
+
+    assert len(ss.search(SIGMAS, outputs, landscape, min_psnr=35.0, descend=False).compute) == 7, \
+        "a candidate or a neighbour is already such a subset: the landscape tests nothing"
+    found = ss.search(SIGMAS, outputs, landscape, min_psnr=35.0)
+    assert len(found.compute) == 6 and set(found.compute) < set(seven) and found.quality.psnr >= 35.0
+    best_drop = max(ss.dropped(seven), key=lambda c: landscape(c, found.order).psnr)
+    assert found.compute == best_drop, "the best of the plans less one step, not the first to meet the bound"
+    assert found.source == "dropped" and found.compute[0] == seven[0]
+
+
+def test_dropped_never_leaves_out_the_first_evaluation():
+    assert ss.dropped((0, 3, 5)) == [(0, 5), (0, 3)]
+
+
 def test_an_unreachable_target_computes_everything():
     measure, _ = _synthetic_measure(_outputs(4))
     found = ss.search(SIGMAS, _outputs(4), measure, min_psnr=1e9)
