@@ -328,11 +328,11 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
     digits model the first placement to meet a 40 dB target at 7 of 28 steps measured 40.1 dB and met it on 3 of
     8 held-out seeds; the polished one 42.6 dB, and all 8). With ``descend``, the polished plan then loses one
     computed evaluation at a time: of the plans that leave one out, the ``per_budget`` the error model ranks best
-    are measured, and where one meets the bound the best plan of that budget is polished and the descent goes on. The best plan of a budget is often the best of
-    the budget above less one step, which neither the error model's candidates nor moving steps one by one
-    reaches (on the digits model the 11-step plan for 47.5 dB read 51.9 dB, the best 10-step candidate below
-    46.25 dB, and the 11-step plan without its last step 48.8 dB). ``budget``: the ``per_budget`` best-ranked
-    candidates, then the same local search for the highest PSNR."""
+    are measured, and where one meets the bound the best plan of that budget is polished and the descent goes
+    on. The best plan of a budget is often the best of the budget above less one step, which neither the error
+    model's candidates nor moving steps one by one reaches (on the digits model the 11-step plan for 47.5 dB read
+    51.9 dB, the best 10-step candidate below 46.25 dB, and the 11-step plan without its last step 48.8 dB).
+    ``budget``: the ``per_budget`` best-ranked candidates, then the same local search for the highest PSNR."""
     n = len(sigmas)
     if (budget is None) == (min_psnr is None):
         raise ValueError("Give exactly one target: a budget of computed steps or a minimum PSNR.")
@@ -425,8 +425,7 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
                        key=lambda k: plan_error(proposals.g, sigmas, k[0], k[1]))[:per_budget]
         for key in lower:
             run(key[0], key[1], "dropped")
-        met = [key for key in lower if meets(key)]
-        if not met:
+        if not any(meets(key) for key in lower):
             break
         best = polish(len(best[0]) - 1)
     return outcome(best)
