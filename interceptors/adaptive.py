@@ -71,8 +71,10 @@ class AdaptiveCache(Decider):
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
         state = run.state_of(self)
-        if state.anchored_at == ev.index:
-            return  # another forward of this evaluation (split CFG, area conds): the first one drives the rate
+        if state.anchored_at == ev.index or not self.decided_to_compute(ev):
+            # another forward of this evaluation (split CFG, area conds): the first one drives the rate; or a
+            # window new to the run on a skipped evaluation, which must not restart the others' accumulation
+            return
         state.anchored_at = ev.index
         if self.threshold > 0 and state.x_anchor and state.v_anchor:  # the rate is only read by a decision
             # read with the next transfer (before the next decision), so a computed step costs no sync of its own

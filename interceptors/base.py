@@ -149,7 +149,17 @@ class Decider(Interceptor):
     def computed(self, run: Run, ev: Evaluation, forward: Forward,
                  signals: dict[Any, torch.Tensor] | None, outputs: dict[Any, torch.Tensor] | None = None) -> None:
         """Told after each computed forward, with that forward's signals (to move anchors) and, at whole-model
-        level, its outputs in epsilon space."""
+        level, its outputs in epsilon space. A forward also computes on an evaluation :meth:`decided_to_compute`
+        says was to be skipped, where its branch had nothing cached yet (a context window new to the run): what
+        is kept per branch moves then, but what accumulates over the run must not start over (see there)."""
+
+    def decided_to_compute(self, ev: Evaluation) -> bool:
+        """Whether ``ev``'s decision was to compute (forced or by the rule). Only such an evaluation computes every
+        branch it can: on one decided to skip, the branches that had something cached reused it, so an error or a
+        skip count accumulated over the run goes on from where it was; started over there, the branches that
+        reused would exceed the decider's limits (the moving context windows of ComfyUI's uniform schedules bring
+        a new window, computed, on every step)."""
+        return ev.decisions.get(self.id, True)
 
 
 @dataclasses.dataclass(frozen=True)

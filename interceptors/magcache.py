@@ -141,8 +141,9 @@ class MagCache(Decider):
         return True
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
-        state = run.state_of(self)
-        state.ratio, state.pending, state.error = 1.0, 0, 0.0
+        if self.decided_to_compute(ev):
+            state = run.state_of(self)
+            state.ratio, state.pending, state.error = 1.0, 0, 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,5 +98,6 @@ class TeaCache(Decider):
         # The reference moves on every computed evaluation, forced ones (first step, outside the window) included,
         # as in the authors' code; otherwise the first step back in the window compares against a stale input.
         state = run.state_of(self)
-        state.accumulated = 0.0
+        if self.decided_to_compute(ev):
+            state.accumulated = 0.0
         state.previous.update(run.keep(signals, copy=False))  # computed by the adapter
