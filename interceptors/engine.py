@@ -91,7 +91,8 @@ def guided_batch(run: LoopState, conds: list, x: torch.Tensor, sigma: torch.Tens
     out = compute([conds[POSITIVE], None])
     run.skipped(decider)
     decider.left_out(state, model_ran=bool(record.ran.get(POSITIVE)))
-    run.left_out(NEGATIVE, chunks=len(active[NEGATIVE]))  # only the entries active now count as saved
+    # only the entries active now count as saved; ComfyUI runs each on the whole (windowed) latent
+    run.left_out(NEGATIVE, rows=len(active[NEGATIVE]) * x.shape[0])
     eps_negative = decider.estimated(state, to_eps(x, out[POSITIVE], sigma), ev.sigma)
     return [out[POSITIVE], from_eps(x, eps_negative, sigma)]
 def _active_entries(entries: list, sigma: float, dtype: torch.dtype) -> list:

@@ -58,10 +58,13 @@ class EvaluationRecord:
     # branch kind (kinds.POSITIVE, NEGATIVE; None for a model call without CFG branches) -> the model really
     # computed it in this evaluation (False: every one of its forwards was skipped, or it was left out)
     ran: dict[int | None, bool] = dataclasses.field(default_factory=dict)
-    # Work by batch rows: one chunk is one conditioning entry's rows (a forward of only the positive rows of a
-    # CFG step is half of one with both). Chunks of forwards that ran / of every forward the plain sampler runs.
-    chunks_computed: int = 0
-    chunks_total: int = 0
+    # Work by batch rows (a forward of only the positive rows of a CFG step is half of one with both): the rows of
+    # every forward the plain sampler runs, and the work the model really did, in rows: each computed forward's
+    # rows times the share of its own blocks that ran (a forward without block slots counts whole). Counted per
+    # forward because the forwards of one evaluation differ (context windows: a window new to the run runs every
+    # block while the others skip theirs, and windows can differ in rows).
+    rows_total: int = 0
+    work_done: float = 0.0
 
     @property
     def skipped(self) -> bool:
@@ -180,6 +183,17 @@ class Forward:
         self.track_external = False      # the model adds things between blocks (ControlNet, VACE): measure them
         self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
         self.external: dict[int, dict[str, torch.Tensor]] = {}
+        self.blocks_before = (evaluation.record.blocks_run, evaluation.record.blocks_total)  # the record's counts
+
+    @property
+    def batch_rows(self) -> int:
+        return self.rows * len(self.keys) if self.cacheable else self.rows
+
+    def block_share(self) -> float:
+        """The share of its blocks this forward ran (1 where none went through the block slots)."""
+        record = self.evaluation.record
+        ran, total = record.blocks_run - self.blocks_before[0], record.blocks_total - self.blocks_before[1]
+        return ran / total if total else 1.0
 
     def split(self, tensor: torch.Tensor) -> dict[BranchKey, torch.Tensor] | None:
         """Rows of ``tensor`` per branch key, or None if its batch does not match this forward."""

@@ -192,12 +192,12 @@ class LoopState:
 
     def end_forward(self, forward: Forward, output: torch.Tensor | None) -> None:
         record = forward.evaluation.record
-        record.chunks_total += len(forward.keys)
+        record.rows_total += forward.batch_rows
         if forward.model_skipped:
             record.forwards_skipped += 1
         else:
             record.forwards_computed += 1
-            record.chunks_computed += len(forward.keys)
+            record.work_done += forward.batch_rows * forward.block_share()
         for key in forward.keys:
             record.branches[key.name] = record.branches.get(key.name, False) or forward.computed
             record.ran[key.branch] = record.ran.get(key.branch, False) or forward.computed
@@ -270,11 +270,11 @@ class LoopState:
         if decider.label not in ev.record.skipped_by:
             ev.record.skipped_by.append(decider.label)
 
-    def left_out(self, branch: int, chunks: int) -> None:
-        """The guidance level left ``branch``'s ``chunks`` conditioning entries out of this evaluation's model call:
-        work the plain sampler would have done, and a branch the model did not compute."""
+    def left_out(self, branch: int, rows: int) -> None:
+        """The guidance level left ``branch``'s conditioning entries, ``rows`` batch rows, out of this evaluation's
+        model call: work the plain sampler would have done, and a branch the model did not compute."""
         record = self.evaluation.record
-        record.chunks_total += chunks
+        record.rows_total += rows
         record.ran.setdefault(branch, False)
         record.branches.setdefault(BRANCH_NAMES.get(branch, f"branch{branch}"), False)
 

@@ -20,7 +20,7 @@ class RunSummary:
     acted: tuple[str, ...]                        # interceptors that skipped at least once
     seconds: float
 
-    work_done: float = 0.0                        # batch chunks' worth of model work really done
+    work_done: float = 0.0                        # batch rows' worth of model work really done
     work_total: float = 0.0                       # ... and what the plain sampler would have done
     notes: tuple[str, ...] = ()                   # what the run switched off or could not do
     cache_bytes: dict[str, int] = dataclasses.field(default_factory=dict)       # device -> bytes held at the end
@@ -29,8 +29,8 @@ class RunSummary:
     @property
     def work_saved(self) -> float:
         """Share of model work not done, by batch rows (a forward of only the positive rows of a CFG step is
-        half the work), counting a forward whose middle blocks were skipped by the share of its blocks that ran
-        (embedders and the final layer are not counted: an estimate)."""
+        half the work), counting each forward whose middle blocks were skipped by the share of its own blocks that
+        ran (``EvaluationRecord.work_done``; embedders and the final layer are not counted: an estimate)."""
         return 1.0 - self.work_done / self.work_total if self.work_total else 0.0
 
     @property
@@ -84,9 +84,8 @@ def summarize(run: LoopState, seconds: float = 0.0) -> RunSummary:
         notes=tuple(run.notes),
         cache_bytes=dict(run.cache_bytes),
         cache_peak_bytes=dict(run.cache_peak_bytes),
-        work_done=sum(r.chunks_computed * (r.blocks_run / r.blocks_total if r.blocks_total else 1.0)
-                      for r in run.records),
-        work_total=sum(r.chunks_total for r in run.records),
+        work_done=sum(r.work_done for r in run.records),
+        work_total=sum(r.rows_total for r in run.records),
     )
 
 

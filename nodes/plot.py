@@ -55,20 +55,13 @@ def _fmt(value: float, step: float) -> str:
 
 
 def _work_saved(records: Sequence) -> float:
-    """Share of model work not done: the same estimate as the run summary (by batch rows where the records
-    count them, else by forwards; forwards whose middle blocks were skipped count by the share of their
-    blocks that ran). Without counters: share of evaluations."""
-    by_rows = any(getattr(r, "chunks_total", 0) for r in records)
-    done_name, total_names = (("chunks_computed", ("chunks_total",)) if by_rows else
-                              ("forwards_computed", ("forwards_computed", "forwards_skipped")))
-    whole = sum(getattr(r, name, 0) for r in records for name in total_names)
+    """Share of model work not done, read as the run summary reads it: the work the records counted per forward
+    (``work_done``) over what the plain sampler does (``rows_total``), both in batch rows. Records without
+    counters: share of evaluations skipped."""
+    whole = sum(getattr(r, "rows_total", 0) for r in records)
     if not whole:
         return sum(1 for r in records if r.skipped) / len(records) if records else 0.0
-    done = 0.0
-    for r in records:
-        run, total = getattr(r, "blocks_run", 0), getattr(r, "blocks_total", 0)
-        done += getattr(r, done_name, 0) * (run / total if total else 1.0)
-    return 1.0 - done / whole
+    return 1.0 - sum(r.work_done for r in records) / whole
 
 
 def headline(records: Sequence) -> str:

@@ -214,6 +214,31 @@ def test_context_windows_reuse_only_what_was_computed_for_the_same_frames(comfy,
     assert skipped_somewhere["standard_static"] > 0, skipped_somewhere
 
 
+@pytest.mark.parametrize("schedule", ["standard_static", "standard_uniform"])
+def test_work_saved_on_the_node_is_the_work_counted_at_the_model_under_context_windows(comfy, schedule):
+    """The work a run saved is counted forward by forward: under moving windows the one window new to the run runs
+    every block while the others skip theirs, and with the Guidance Cache some forwards carry one branch. The share
+    the node shows is the share of block rows (blocks times the batch rows they ran on) the model did not run."""
+    def block_rows(chain=None):
+        prompt = graphs.base("wan21", latent_seed=5)
+        prompt["latent"]["inputs"]["batch"] = 9
+        prompt["windows"] = graphs.context_windows(context_schedule=schedule, context_length=3, context_overlap=1)
+        graphs.count_work(prompt, "wan21", model="windows")
+        if chain:
+            last = graphs.config(prompt, "method", METHODS["fbcache"][0], **METHODS["fbcache"][2])
+            last = graphs.config(prompt, "guidance", "CachedSamplerGuidanceCache", upstream=last, interval=2,
+                                 mode="cadence", threshold=0.0, estimate="difference forecast", **WINDOW)
+        graphs.sampler(prompt, "CachedSampler", chain=last if chain else None, model="count", steps=8)
+        _, ui = comfy.run(prompt)
+        return CAPTURED["work"]["block_rows"], ui["sampler"]["cached_sampler"][0]
+
+    uncached, _ = block_rows()
+    cached, data = block_rows(chain=True)
+    run = data["runs"][0]
+    assert run["acted"] and cached < uncached, run
+    assert run["work_saved"] == pytest.approx(1 - cached / uncached, abs=1e-4), (run["work_saved"], cached, uncached)
+
+
 @pytest.mark.parametrize("decider", ["cadence", "dbcache"])
 @pytest.mark.parametrize("split", [False, True])
 def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, split):

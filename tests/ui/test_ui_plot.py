@@ -81,14 +81,14 @@ def test_headline_counts_and_work_saved():
     assert f"{skipped / len(r):.0%}" in text
 
 
-def test_block_level_work_counts_blocks():
+def test_block_level_work_counts_the_work_each_forward_did():
+    """The work the run counted per forward (a forward that ran 2 of its 8 blocks did a quarter of its work), as
+    the run summary reads it."""
     @dataclasses.dataclass
     class Blocks(Record):
-        forwards_computed: int = 1
-        forwards_skipped: int = 0
-        blocks_run: int = 8
-        blocks_total: int = 8
-    r = [Blocks(0, None, None, False), Blocks(1, 0.1, 0.2, True, blocks_run=2), Blocks(2, None, None, False)]
+        rows_total: int = 1
+        work_done: float = 1.0
+    r = [Blocks(0, None, None, False), Blocks(1, 0.1, 0.2, True, work_done=0.25), Blocks(2, None, None, False)]
     assert "~25% model work saved" in plot.headline(r)
 
 
@@ -108,12 +108,12 @@ def test_guidance_cache_strip_shows_which_steps_computed_the_negative_branch():
     @dataclasses.dataclass
     class Guided(Record):
         branches: dict = dataclasses.field(default_factory=dict)
-        chunks_computed: int = 2
-        chunks_total: int = 2
+        rows_total: int = 2
+        work_done: float = 2.0
 
     def run(skip_negative):
         return [Guided(i, None, None, False, {"cond": True, "uncond": not (skip_negative and i % 2)},
-                       chunks_computed=1 if skip_negative and i % 2 else 2) for i in range(10)]
+                       work_done=1.0 if skip_negative and i % 2 else 2.0) for i in range(10)]
 
     def orange(image):
         return int((image[0] == torch.tensor(plot.SKIPPED) / 255.0).all(-1).sum())
