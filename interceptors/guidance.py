@@ -46,7 +46,8 @@ from .kinds import Granularity, InterceptorError, check_range
 from .memory import Footprint
 from .records import Evaluation
 from .run import Run
-from .taylorseer import TaylorSeer, same_sigma
+from .planned import fits_plan
+from .taylorseer import TaylorSeer
 
 MODES = ("cadence", "adaptive", "agreement")  # the node's choices
 PLANNED = "planned"  # a calibration's plan (Auto Calibrate makes it; no node input selects it)
@@ -75,6 +76,8 @@ class GuidanceCache(Decider):
     estimate: str = "difference forecast"
     leave_out: tuple[int, ...] = ()   # planned mode: the evaluations whose negative branch is estimated
     sigmas: tuple[float, ...] = ()    # planned mode: the sigma of every evaluation of the run planned for
+    schedule: tuple[float, ...] = ()  # planned mode: that run's sigmas, and its sampler (planned.fits_plan)
+    sampler: str = ""
 
     @dataclasses.dataclass
     class RunState:
@@ -157,12 +160,12 @@ class GuidanceCache(Decider):
 
     def _planned_skip(self, run: Run, ev: Evaluation) -> bool:
         """Whether the plan leaves this evaluation's negative branch out; on a run it was not made for (another
-        schedule: its evaluations' sigmas differ), never, and the node says so once."""
+        schedule or sampler), never, and the node says so once."""
         state = run.state_of(self)
-        if not state.mismatch and not (ev.index < len(self.sigmas) and same_sigma(self.sigmas[ev.index], ev.sigma)):
+        if not state.mismatch and not fits_plan(run, ev, self.sigmas, self.schedule, self.sampler):
             state.mismatch = True
-            run.note(f"{self.label}: the plan for the negative branch was calibrated for another schedule, so both "
-                     f"branches are computed. Calibrate again with this sampler's settings.")
+            run.note(f"{self.label}: the plan for the negative branch was calibrated for another schedule or sampler, "
+                     f"so both branches are computed. Calibrate again with this sampler's settings.")
         return not state.mismatch and ev.index in self.leave_out
 
     # -- the history of one call shape ------------------------------------------------------------------

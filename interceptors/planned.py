@@ -21,6 +21,17 @@ from .quality import Quality
 from .taylorseer import lagrange_weights, same_sigma
 
 
+def fits_plan(run, ev, sigmas: Sequence[float], schedule: Sequence[float], sampler: str) -> bool:
+    """Whether evaluation ``ev`` of ``run`` is the one a plan names: made for the run's ``schedule`` (its sigmas:
+    steps, scheduler and denoise) and ``sampler`` ("" matches any), at the evaluation's sigma. Every
+    one-evaluation-per-step sampler evaluates at the same sigmas, but their trajectories differ, so a plan measured
+    on one says nothing of another. Every level a plan drives asks this, so all of them leave it together."""
+    return (ev.index < len(sigmas) and same_sigma(sigmas[ev.index], ev.sigma)
+            and (not sampler or run.sampler == sampler)
+            and len(run.sample_sigmas) == len(schedule)
+            and all(same_sigma(a, b) for a, b in zip(run.sample_sigmas, schedule)))
+
+
 @dataclasses.dataclass(frozen=True)
 class PlannedSchedule(Decider):
     """Computes the evaluations ``compute`` names. The plan is keyed on the run it was made for:
@@ -57,15 +68,9 @@ class PlannedSchedule(Decider):
         if any(not 0 <= i < self.evaluations for i in self.compute):
             raise InterceptorError(f"{self.label}: the plan names evaluations outside 0..{self.evaluations - 1}.")
 
-    def fits(self, run, ev) -> bool:
-        return (ev.index < self.evaluations and same_sigma(self.sigmas[ev.index], ev.sigma)
-                and (not self.sampler or run.sampler == self.sampler)
-                and len(run.sample_sigmas) == len(self.schedule)
-                and all(same_sigma(a, b) for a, b in zip(run.sample_sigmas, self.schedule)))
-
     def decide(self, run, ev, signals, measured) -> bool:
         state = run.state_of(self)
-        if not state.mismatch and not self.fits(run, ev):
+        if not state.mismatch and not fits_plan(run, ev, self.sigmas, self.schedule, self.sampler):
             state.mismatch = True
             run.note(f"{self.label}: the plan was calibrated for another schedule or sampler (steps, sampler, scheduler or "
                      f"denoise), so every step is computed. Calibrate again with this sampler's settings.")

@@ -173,7 +173,8 @@ class AutoCalibrate(CalibrationNode):
                                      sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node),
                      TaylorSeer(order=forecast, node=node)]
             if leave_out:
-                items.append(GuidanceCache(mode=PLANNED, leave_out=tuple(leave_out), sigmas=tuple(sigmas), node=node))
+                items.append(GuidanceCache(mode=PLANNED, leave_out=tuple(leave_out), sigmas=tuple(sigmas),
+                                           schedule=tuple(schedule), sampler=recorded.sampler, node=node))
             return InterceptorChain.of(items)
 
         def measure(compute, forecast=order, leave_out=()) -> Quality:

@@ -85,13 +85,22 @@ def test_the_former_greedy_search_is_still_there(comfy):
 def test_a_quality_plan_leaves_out_the_negative_branch_where_its_target_survives_it(comfy):
     """The guidance level in the plan: the steps the text names run the positive rows only, every other computed
     step both, and the result still meets the target at the calibration seed. (At 12 steps no omission survives
-    on this model: the gaps are too long for the guidance difference's forecast.)"""
+    on this model: the gaps are too long for the guidance difference's forecast.) With another sampler the plan
+    does not hold, at either level: both branches of every step are computed, bit-identical to KSampler."""
     prompt, sampling = _prompt(seed=1, min_psnr=40.0, vae=["digits", 4],
                                negative_branch="left out where the target holds")
     sampling["steps"] = prompt["calibrate"]["inputs"]["steps"] = 28
     _sample(prompt, sampling, "out", 1, model="count")
     _sample(prompt, sampling, "ref", 1, chain=False)
+    others = ("euler_ancestral", "dpmpp_2m")
+    for other in others:
+        _sample(prompt, dict(sampling, sampler_name=other), f"out_{other}", 1)
+        _sample(prompt, dict(sampling, sampler_name=other), f"ref_{other}", 1, chain=False)
     _, ui = comfy.run(prompt)
+    for other in others:
+        assert torch.equal(CAPTURED[f"out_{other}"], CAPTURED[f"ref_{other}"]), f"the plan acted on {other}"
+        notes = ui[f"out_{other}"]["cached_sampler"][0]["runs"][0]["notes"]
+        assert any("negative branch was calibrated for another schedule or sampler" in n for n in notes), notes
     text = ui["calibrate"]["text"][0]
     assert "only the positive CFG branch" in text, text
     named = text.split("and at step")[1].split(" only")[0].lstrip("s ")
