@@ -18,6 +18,7 @@ import torch
 from .base import Decider, RecordingDecider
 from .kinds import Granularity, InterceptorError
 from .quality import Quality
+from .records import counted_in
 from .taylorseer import lagrange_weights, same_sigma
 
 
@@ -123,20 +124,26 @@ class Plan:
     order: int | None = None   # the forecast the plan was measured with, when a search chose it
     runs: int | None = None    # how many plans the search measured (sampling runs per seed)
     negative_left_out: tuple[int, ...] = ()  # computed evaluations whose negative CFG branch is estimated
+    steps: tuple[int, ...] = ()  # the step (of the run, from 0) each evaluation belongs to; () one per step
 
     @property
     def psnr(self) -> float:
         return self.quality.psnr
 
+    def _named(self, evaluations: Sequence[int]) -> str:
+        """'steps 1, 3' where each evaluation is a step, else 'evaluations 1, 3' (counted from 1 in the run's
+        order: a second-order sampler's evaluations of one step are not that step's number)."""
+        word = "step" if not self.steps or len(set(self.steps)) == self.evaluations else "evaluation"
+        return f"{word}{'s' if len(evaluations) > 1 else ''} " + ", ".join(str(i + 1) for i in evaluations)
+
     def describe(self) -> str:
-        steps = ", ".join(str(i + 1) for i in self.compute)
-        text = f"compute {len(self.compute)}/{self.evaluations} evaluations (steps {steps})"
+        unit = counted_in(self.evaluations, len(set(self.steps)) if self.steps else self.evaluations)
+        text = f"compute {len(self.compute)}/{self.evaluations} {unit} ({self._named(self.compute)})"
         if self.order is not None:
             text += ", the rest " + ("reused" if self.order == 0 else f"forecast by TaylorSeer order {self.order}")
         if self.negative_left_out:
-            steps = ", ".join(str(i + 1) for i in self.negative_left_out)
-            text += (f", and at step{'s' if len(self.negative_left_out) > 1 else ''} {steps} only the positive CFG "
-                     f"branch (the negative estimated from it)")
+            text += (f", and at {self._named(self.negative_left_out)} only the positive CFG branch (the negative "
+                     f"estimated from it)")
         text += f"; {self.quality.describe()}"
         if self.runs is not None:
             text += f"; chosen from {self.runs} plans measured"

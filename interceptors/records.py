@@ -76,6 +76,13 @@ class EvaluationRecord:
         return " and ".join(self.skipped_by) or None
 
 
+def counted_in(evaluations: int, steps: int) -> str:
+    """What a run's evaluations are called to people: "steps" where the sampler evaluates the model once per step,
+    else "model evaluations (N steps)" (heun, dpm_2, ... evaluate it twice in most steps). The summary, the tuning
+    plot and a plan's text all count in it."""
+    return "steps" if evaluations == steps else f"model evaluations ({steps} steps)"
+
+
 class PlaceNotRead(RuntimeError):
     """An evaluation's sigma (or step) was asked for before the run read it from the device: a bug in the caller,
     which must read it first (``LoopState.read_place``, or a decision, which reads it with its sums)."""

@@ -203,6 +203,8 @@ class AutoCalibrate(CalibrationNode):
                                                    runs=plan.runs + len(tried))
         except InterceptorError as e:
             raise InterceptorError(f"{node}: {e}") from None
+        steps = tuple(r.step for r in recorded.records)  # how the text numbers them: steps, or evaluations of steps
+        plan = dataclasses.replace(plan, steps=steps if len(steps) == len(sigmas) else ())
         text = plan.describe()
         if target == "quality" and len(plan.compute) == len(sigmas):
             text += f" (the target {min_psnr} dB needs every step computed)"

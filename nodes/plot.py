@@ -64,12 +64,25 @@ def _work_saved(records: Sequence) -> float:
     return 1.0 - sum(r.work_done for r in records) / whole
 
 
+def _step_count(records: Sequence) -> int:
+    """Steps the records span: a step starts where the step changes (runs may be concatenated, each from step 0;
+    a second-order sampler's evaluations of one step are in a row)."""
+    return sum(1 for i, r in enumerate(records) if i == 0 or r.step != records[i - 1].step)
+
+
+def _one_per_step(records: Sequence) -> bool:
+    return _step_count(records) == len(records)
+
+
 def headline(records: Sequence) -> str:
-    """One line saying what the records show: computed of total, work saved, estimated speedup."""
+    """One line saying what the records show: computed of total, work saved, estimated speedup. Counted as the run
+    summary counts (interceptors/records.py ``counted_in``): in steps where each evaluation is one, else in model
+    evaluations."""
     total = len(records)
     computed = sum(1 for r in records if not r.skipped)
     saved = _work_saved(records)
-    return (f"computed {computed} of {total} model evaluations, skipped {total - computed}; "
+    unit = "steps" if _one_per_step(records) else f"model evaluations ({_step_count(records)} steps)"
+    return (f"computed {computed} of {total} {unit}, skipped {total - computed}; "
             f"~{saved:.0%} model work saved (est. {1.0 / max(1.0 - saved, 1e-6):.2f}x)")
 
 
@@ -196,7 +209,7 @@ def render(records: Sequence, heading: str | None = None, metric_name: str = "ch
 
     # x ticks: the step each evaluation belongs to (1-based); second-order samplers repeat steps
     steps = [getattr(r, "step", i) for i, r in enumerate(records)]
-    one_per_step = len(set(steps)) == n
+    one_per_step = _one_per_step(records)
     every = next(e for e in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10 ** 9)
                  if len(set(steps)) / e <= 16)
     last_right = -1e9

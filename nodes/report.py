@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..interceptors import InterceptorChain, LoopState, RunSummary
+from ..interceptors.records import counted_in
 from . import plot
 
 log = logging.getLogger("cached_sampler")
@@ -107,7 +108,7 @@ class RunReport:
     @staticmethod
     def run_lines(s: RunSummary) -> list[str]:
         computed = s.evaluations - s.evaluations_skipped
-        unit = "steps" if s.evaluations == s.steps else f"model evaluations ({s.steps} steps)"
+        unit = counted_in(s.evaluations, s.steps)
         branches = ", ".join(f"{name} {done}/{seen}" for name, (done, seen) in _branches(s))
         lines = [f"computed {computed}/{s.evaluations} {unit}" + (f" ({branches})" if branches else ""),
                  f"model work saved {_fraction(s.work_saved)}, estimated speedup {s.estimated_speedup:.2f}x, "

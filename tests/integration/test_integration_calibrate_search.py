@@ -53,7 +53,7 @@ def test_a_target_no_skip_can_meet_computes_everything_bit_identically(comfy):
     _sample(prompt, sampling, "ref", 3, chain=False)
     _, ui = comfy.run(prompt)
     text = ui["calibrate"]["text"][0]
-    assert f"compute {STEPS}/{STEPS} evaluations" in text and "needs every step computed" in text
+    assert f"compute {STEPS}/{STEPS} steps" in text and "needs every step computed" in text
     assert CAPTURED["work"]["forwards"] == STEPS
     assert torch.equal(CAPTURED["out"], CAPTURED["ref"]), "computing everything must be the plain run, bit for bit"
 

@@ -26,11 +26,32 @@ def test_auto_calibrate_budget_plan_runs_in_the_cached_sampler(comfy):
     prompt["capture_ref"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["calibrate", 1], "key": "ref"}}
     _, ui = comfy.run(prompt)
     assert CAPTURED["work"]["forwards"] == 5, "exactly the budget is computed"
-    assert "compute 5/12 evaluations" in ui["calibrate"]["text"][0]
+    assert "compute 5/12 steps" in ui["calibrate"]["text"][0]
     ic = comfy.module("interceptors")
     text = ui["calibrate"]["text"][0]
     assert abs(ic.latent_psnr(CAPTURED["ref"], CAPTURED["out"]) - _reported(text, "latent")) < 0.01
     assert "not image, PSNR" in text, "without a VAE the text says plainly what was measured"
+
+
+def test_a_plan_on_a_sampler_with_two_evaluations_per_step_names_evaluations_and_the_steps_they_belong_to(comfy):
+    """heun, 8 steps: 15 model evaluations (the last step is one). The plan text counts evaluations and names
+    exactly the evaluations the model ran, as the node's summary counts them."""
+    prompt, sampling = _digits_prompt(steps=8)
+    sampling["sampler_name"] = "heun"
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 6,
+        "order": 1}}
+    prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
+        "model": ["count", 0], **sampling, "denoise": 1.0, "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
+    _, ui = comfy.run(prompt)
+    text = ui["calibrate"]["text"][0]
+    assert "compute 6/15 model evaluations (8 steps) (evaluations " in text, text
+    named = [int(e) for e in text.split("(evaluations ")[1].split(")")[0].split(", ")]
+    ran = sorted({evaluation for evaluation, _, _ in CAPTURED["work"]["forward_log"]})
+    assert named == ran and max(named) <= 15, (text, ran)
+    summary = ui["sampler"]["text"][0]
+    assert "computed 6/15 model evaluations (8 steps)" in summary, summary
 
 
 def _reported(text, space):
