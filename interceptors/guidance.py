@@ -51,7 +51,7 @@ from .taylorseer import TaylorSeer
 
 MODES = ("cadence", "adaptive", "agreement")  # the node's choices
 PLANNED = "planned"  # a calibration's plan (Auto Calibrate makes it; no node input selects it)
-# What stands in for the negative prediction on a step that skips it; measured on the digits model (README).
+# What stands in for the negative prediction on a step that skips it; measured on the digits model (docs/methods.md).
 ESTIMATES = ("difference forecast", "difference", "negative forecast", "negative reuse")
 # A branch's history (one per context window) is dropped once the evaluations this many before the current one
 # went without it: ComfyUI's uniform context schedules move their windows every step, and the histories of

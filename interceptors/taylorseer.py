@@ -8,7 +8,7 @@ the last ``order + 1`` computed points evaluated at the current sigma (Newton/La
 ``order + 1`` tensors per cached quantity, not one per module as the original does.
 
 Points are kept in the dtype they arrive in (the model's compute dtype for block residuals: half the memory
-of float32 in bf16/fp16, and measured to give the same images, see the README), but the combination is
+of float32 in bf16/fp16, and measured to give the same images, see docs/memory.md), but the combination is
 formed in float32 (or wider): extrapolation weights exceed 1 and have mixed signs, so in half precision each product
 would be rounded at its own, larger magnitude before nearly equal terms cancel. The caller casts the result
 to the dtype it needs.

@@ -1,5 +1,5 @@
 """Cache memory: what a run holds is counted, stays within (order + 2) block-stream tensors per branch and cached
-quantity, equals what interceptors/memory.py predicts, and the README's table is that arithmetic."""
+quantity, equals what interceptors/memory.py predicts, and the table in docs/memory.md is that arithmetic."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,10 +42,10 @@ def test_the_summary_says_what_the_cache_held():
     assert offloaded.cache_text == "cache peak 6 KB on cpu + 10 B on cuda:0; 5.01 KB at the end"
 
 
-def test_the_readme_memory_table_is_current():
+def test_the_memory_table_in_docs_is_current():
     import make_memory_table
-    assert make_memory_table.section() in make_memory_table.README.read_text(), (
-        "README's cache-memory table is out of date: run python3 tools/generate/make_memory_table.py")
+    assert make_memory_table.section() in make_memory_table.DOC.read_text(), (
+        "docs/memory.md's cache-memory table is out of date: run python3 tools/generate/make_memory_table.py")
 
 
 # The tiny Flux of the integration tests as interceptors/memory.py sees it: 16x16 latent, patch 2 -> 64 image
@@ -126,7 +126,7 @@ def test_cache_on_cpu_holds_the_same_bytes(comfy, sample_tiny_flux):
 
 
 def test_real_shapes_are_those_of_the_model_cards():
-    """The README's table rests on these shapes: each one's image tokens are its 16-channel latent patchified 2x2
+    """The memory table (docs/memory.md) rests on these shapes: each one's image tokens are its 16-channel latent patchified 2x2
     (1x2x2 for video), and the FLUX.1-dev and Wan 2.1 14B widths and Flux's text tokens are those the GPU bench
     builds through ComfyUI's own classes (tools/bench/bench_gpu.py)."""
     import bench_gpu
