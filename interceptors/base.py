@@ -98,6 +98,10 @@ class Decider(Interceptor):
     # True: on a computed whole-model forward the engine also forecasts the output (what a skip would have used)
     # and hands it over in ``forward.forecasts`` before the estimator sees the computed one.
     verifies_forecast: ClassVar[bool] = False
+    # True: its skip is a forecast checked against the signals it measured (the verified methods). The evaluation's
+    # decision is taken on the first model call; where the CFG branches come in separate calls, the run says that
+    # the branches of the later ones were skipped unchecked.
+    checks_forecast: ClassVar[bool] = False
     # the last step is computed whatever the rule says; a plan whose quality was measured with it forecast says False
     forces_last_step: ClassVar[bool] = True
     # What the metric it reports (``run.report_metric``) measures: the tuning plot's y axis and the live text's
@@ -123,6 +127,11 @@ class Decider(Interceptor):
     def blocks(self) -> tuple[int, int]:
         """(front, back): how many blocks always run before and after the skippable segments."""
         return 0, 0
+
+    @property
+    def threshold_rule(self) -> str:
+        """What its threshold means, as the tuning plot's legend and the live text say it."""
+        return "skip below"
 
     def refreshes_back(self, run: Run, ev: Evaluation) -> bool:
         """On an evaluation this decider skips, whether the back blocks run anyway (the middle tier of a plan made

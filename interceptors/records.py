@@ -104,6 +104,7 @@ class Evaluation:
     record: EvaluationRecord
     schedule_steps: int = 0
     decisions: dict[str, bool] = dataclasses.field(default_factory=dict)
+    decided_on: dict[str, set] = dataclasses.field(default_factory=dict)  # decider -> the branch keys it measured
     skipped_by: set[str] = dataclasses.field(default_factory=set)  # deciders whose skip really happened
     occurrences: Counter = dataclasses.field(default_factory=Counter)
     from_sampler: bool = False  # begun by the sampler's evaluation hook: ``sigma`` holds for every forward in it

@@ -248,7 +248,10 @@ class LoopState:
         skips where the cache allows and reports it with :meth:`skipped`."""
         ev = self.evaluation
         if decider.id in ev.decisions:
+            if decider.checks_forecast and signals and not ev.decisions[decider.id]:
+                self._unchecked(decider, ev, signals)
             return ev.decisions[decider.id]
+        ev.decided_on[decider.id] = set(signals or ())
         measured = decider.measure(self, ev, signals)
         self.transfer(measured)
         compute = True if self.forced(decider, ev) else bool(decider.decide(self, ev, signals, measured))
@@ -256,6 +259,16 @@ class LoopState:
             compute = self.group.any(compute)
         ev.decisions[decider.id] = compute
         return compute
+
+    def _unchecked(self, decider: Decider, ev: Evaluation, signals: dict) -> None:
+        """A later model call of an evaluation a forecast-checking decider skipped on the first call's check: the
+        branches it brings were skipped with a forecast nobody checked. Said once."""
+        unchecked = sorted({k.name for k in signals if k not in ev.decided_on.get(decider.id, ())})
+        if unchecked:
+            self.note(f"{decider.label} checked its forecast on the first model call of each step only: the CFG "
+                      f"branches came in separate calls (area conditioning, prompts of different lengths, or too "
+                      f"little memory to batch them), so the forecast of {', '.join(unchecked)} was not checked on "
+                      f"the steps it skipped")
 
     def forced(self, decider: Decider, ev: Evaluation) -> bool:
         """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step,

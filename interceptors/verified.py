@@ -65,6 +65,7 @@ class VerifiedBlockCache(Decider):
     display_name = "Verified Block Cache"
     granularity = Granularity.BLOCKS
     signal = "probe_residual"
+    checks_forecast = True
 
     front: int = 1
     back: int = 1
@@ -161,6 +162,12 @@ class VerifiedBlockCache(Decider):
             state.tier = 1
         return state.tier == 2
 
+    @property
+    def threshold_rule(self) -> str:
+        if self.refresh_ratio > 1:
+            return f"skip below; back blocks rerun up to {self.refresh_ratio:g}x"
+        return super().threshold_rule
+
     def refreshes_back(self, run, ev) -> bool:
         return run.state_of(self).tier == 1
 
@@ -201,6 +208,7 @@ class VerifiedForecast(Decider):
     granularity = Granularity.MODEL
     signal = "model_input"
     verifies_forecast = True
+    checks_forecast = True
 
     threshold: float = 0.05
     max_consecutive_cached: int = -1

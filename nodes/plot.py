@@ -86,6 +86,16 @@ def headline(records: Sequence) -> str:
             f"~{saved:.0%} model work saved (est. {1.0 / max(1.0 - saved, 1e-6):.2f}x)")
 
 
+def legend(records: Sequence, metric_name: str, threshold_rule: str, thresholds: set) -> list[tuple]:
+    """The legend's items, (kind, colour, text), in order."""
+    threshold_text = f"threshold {next(iter(thresholds)):.4g}" if len(thresholds) == 1 else "threshold"
+    items = [("line", METRIC, metric_name), ("dash", THRESHOLD, f"{threshold_text} ({threshold_rule})"),
+             ("box", COMPUTED, "computed"), ("box", SKIPPED, "skipped (reused / forecast)")]
+    if any(r.metric is None and not r.skipped for r in records):
+        items.append(("mark", NO_CHECK, "not checked"))
+    return items
+
+
 def _dashed(draw, start, end, fill, width=2, dash=8, gap=6):
     (x0, y0), (x1, y1) = start, end
     length = math.hypot(x1 - x0, y1 - y0)
@@ -114,9 +124,10 @@ def message_image(lines: Iterable[str], width: int = 512, height: int = 128) -> 
 
 
 def render(records: Sequence, heading: str | None = None, metric_name: str = "change metric",
-           width: int = WIDTH, height: int = HEIGHT) -> Image.Image:
+           width: int = WIDTH, height: int = HEIGHT, threshold_rule: str = "skip below") -> Image.Image:
     """The tuning plot as a PIL image. ``records`` in evaluation order (several runs may be concatenated);
-    an empty list gives a small image saying no interceptors ran."""
+    an empty list gives a small image saying no interceptors ran. ``threshold_rule``: what the threshold means
+    (the deciders' ``threshold_rule``), in the legend."""
     records = list(records)
     if not records:
         return message_image(["no interceptors", "connect a caching node to 'interceptors' to see this plot"])
@@ -252,12 +263,7 @@ def render(records: Sequence, heading: str | None = None, metric_name: str = "ch
 
     # legend, centred under the plot
     ly = height - legend_h + 4
-    distinct = {t for _, _, t in runs_of_threshold}
-    threshold_text = f"threshold {distinct.pop():.4g}" if len(distinct) == 1 else "threshold"
-    items = [("line", METRIC, metric_name), ("dash", THRESHOLD, f"{threshold_text} (skip below)"),
-             ("box", COMPUTED, "computed"), ("box", SKIPPED, "skipped (reused / forecast)")]
-    if any(r.metric is None and not r.skipped for r in records):
-        items.append(("mark", NO_CHECK, "not checked"))
+    items = legend(records, metric_name, threshold_rule, {t for _, _, t in runs_of_threshold})
     widths = [32 + _text_size(draw, text, f_tick)[0] + 22 for _, _, text in items]
     x = max(8, (width - sum(widths) + 22) / 2)
     for kind, color, text in items:
@@ -282,6 +288,7 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / np.float32(255.0)).unsqueeze(0)
 
 
-def tuning_plot(records: Sequence, heading: str | None = None, metric_name: str = "change metric") -> torch.Tensor:
+def tuning_plot(records: Sequence, heading: str | None = None, metric_name: str = "change metric",
+                threshold_rule: str = "skip below") -> torch.Tensor:
     """The tuning plot of ``records`` as a ComfyUI IMAGE tensor [1, H, W, 3]."""
-    return to_tensor(render(records, heading=heading, metric_name=metric_name))
+    return to_tensor(render(records, heading=heading, metric_name=metric_name, threshold_rule=threshold_rule))

@@ -67,12 +67,21 @@ class RunReport:
         return " + ".join(ic.display_name for ic in self.chain) or "no interceptors"
 
     @property
+    def _shown(self) -> list:
+        """The deciders whose metric is shown: a decider whose metric is secondary only where no other one reports."""
+        return [d for d in self.chain.deciders if not d.metric_secondary] or list(self.chain.deciders)
+
+    @property
     def metric_name(self) -> str:
-        """What the chain's reported metric measures, as its deciders declare it (``Decider.metric_name``); a
-        decider whose metric is secondary is named only where no other decider reports one."""
-        deciders = [d for d in self.chain.deciders if not d.metric_secondary] or list(self.chain.deciders)
-        names = {d.metric_name or DEFAULT_METRIC for d in deciders}
+        """What the chain's reported metric measures, as its deciders declare it (``Decider.metric_name``)."""
+        names = {d.metric_name or DEFAULT_METRIC for d in self._shown}
         return names.pop() if len(names) == 1 else DEFAULT_METRIC
+
+    @property
+    def threshold_rule(self) -> str:
+        """What the shown metric's threshold means (``Decider.threshold_rule``)."""
+        rules = {d.threshold_rule for d in self._shown}
+        return rules.pop() if len(rules) == 1 else "skip below"
 
     def warn(self, message: str) -> None:
         log.warning("%s: %s", self.node, message)
@@ -88,7 +97,9 @@ class RunReport:
                 f"({_fraction(skipped / max(len(run.records), 1))} skipped)")
         if record.metric is not None and record.threshold is not None:
             relation = "<" if record.metric < record.threshold else ">="
-            verdict = "skipped" if record.skipped else "computed"
+            # skipped at or above the threshold: a middle tier (Verified Block Cache's back blocks ran)
+            verdict = ("computed" if not record.skipped else "skipped" if relation == "<" else
+                       "partly skipped (back blocks computed)")
             decision = f"{self.metric_name} {record.metric:.4g} {relation} threshold {record.threshold:.4g}: {verdict}"
         elif record.skipped:
             decision = "skipped"
@@ -161,4 +172,5 @@ class RunReport:
         heading = f"{self.node}: {self.methods}"
         if len(self.runs) > 1:
             heading += f" ({len(self.runs)} runs)"
-        return plot.tuning_plot(self.records, heading=heading, metric_name=self.metric_name)
+        return plot.tuning_plot(self.records, heading=heading, metric_name=self.metric_name,
+                                threshold_rule=self.threshold_rule)

@@ -8,7 +8,7 @@ import torch
 
 from tiny_nodes import CAPTURED
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WEIGHTS = os.path.join(ROOT, "assets", "tiny_flux_digits.safetensors")
 WINDOW = dict(start_percent=0.0, end_percent=1.0, max_consecutive_cached=-1)
 STEPS = 12
@@ -57,3 +57,32 @@ def test_verified_methods_on_the_digits_model(comfy, node, inputs):
         assert torch.isfinite(latent).all()
         skips.append(decisions.count("s"))
     assert skips == sorted(skips) and skips[-1] > skips[1] >= 0 and skips[-1] > 0, skips
+
+
+@pytest.mark.parametrize("node, inputs", [
+    ("CachedSamplerVerifiedForecast", {"threshold": 10.0}),
+    ("CachedSamplerVerifiedBlockCache", {"Fn": 1, "Bn": 1, "threshold": 10.0, "refresh_ratio": 2.0}),
+])
+def test_a_branch_in_its_own_model_call_is_said_to_be_skipped_unchecked(comfy, node, inputs):
+    """The decision is taken on the first model call of a step. Prompts of different lengths come in separate calls
+    (the positive first): the negative branch's forecast is never checked, and the node says so; batched together,
+    both are checked and nothing is said."""
+    import graphs
+    notes = {}
+    for split in (False, True):
+        prompt = graphs.base("flux", latent_seed=5)
+        if split:
+            prompt["cond"] = {"class_type": "TestTinyConditioningPair",
+                              "inputs": {"family": "flux", "pos_length": 4, "neg_length": 77}}
+        graphs.count_work(prompt, "flux")
+        last = graphs.config(prompt, "method", node, **WINDOW, **inputs)
+        last = graphs.config(prompt, "ts", "CachedSamplerTaylorSeer", upstream=last, order=1)
+        graphs.sampler(prompt, "CachedSampler", chain=last, model="count", steps=8)
+        _, ui = comfy.run(prompt)
+        (run,) = ui["sampler"]["cached_sampler"][0]["runs"]
+        assert "s" in run["decisions"], (split, run)
+        negative_rows = CAPTURED["work"]["negative_rows"]  # per model call that reached the model
+        assert (0 in negative_rows) == split and any(negative_rows), (split, negative_rows)
+        notes[split] = [n for n in run["notes"] if "was not checked" in n]
+    assert not notes[False]
+    assert len(notes[True]) == 1 and "forecast of uncond was not checked" in notes[True][0], notes

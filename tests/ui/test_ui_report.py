@@ -99,3 +99,19 @@ def test_the_metric_is_named_by_the_chains_deciders_and_a_secondary_one_only_alo
     assert name(ic.FixedCadence(interval=2), guidance) == "evaluations since last compute"
     assert name(ic.MagCache(threshold=0.1), ic.TaylorSeer(order=1)) == "accumulated error"
     assert name(ic.MagnitudeRecorder()) == report.DEFAULT_METRIC
+
+
+def test_the_threshold_says_what_it_means_where_a_middle_tier_runs_the_back_blocks(comfy):
+    """Verified Block Cache forecasts everything below its threshold and, up to refresh_ratio times it, still runs
+    the back blocks: the plot's legend and the live text say so; every other decider skips below its threshold."""
+    report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
+    plot = comfy.module("nodes.plot")
+
+    def rule(*interceptors):
+        return report.RunReport("node", ic.InterceptorChain.of(list(interceptors))).threshold_rule
+    assert rule(ic.FirstBlockCache(threshold=0.1)) == rule(ic.MagCache(threshold=0.1)) == "skip below"
+    tiered = rule(ic.VerifiedBlockCache(threshold=0.1, refresh_ratio=2.0), ic.TaylorSeer(order=1))
+    assert "back blocks" in tiered and "2x" in tiered
+    assert rule(ic.VerifiedBlockCache(threshold=0.1, refresh_ratio=1.0), ic.TaylorSeer(order=1)) == "skip below"
+    texts = [text for _, _, text in plot.legend([], "metric", tiered, {0.1})]
+    assert f"threshold 0.1 ({tiered})" in texts
