@@ -81,6 +81,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         try:
             result = executor(*args, **kwargs)
             run.transfer()  # what is still to read: the last evaluation's NaN flags, a calibration's last values
+            run.time_evaluations()
             return result
         finally:
             options.pop(STATE_KEY, None)

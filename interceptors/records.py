@@ -53,6 +53,8 @@ class EvaluationRecord:
     metric: float | None = None
     threshold: float | None = None
     skipped_by: list[str] = dataclasses.field(default_factory=list)  # labels of the deciders whose skip happened
+    # wall-clock seconds from this evaluation's placement (its first transfer to the host, where the device has
+    # finished everything queued before it) to the next one's: the device time of its model work, and the host's
     seconds: float = 0.0
     branches: dict[str, bool] = dataclasses.field(default_factory=dict)  # branch name -> computed (for reports)
     # branch kind (kinds.POSITIVE, NEGATIVE; None for a model call without CFG branches) -> the model really

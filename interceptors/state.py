@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -80,6 +81,7 @@ class LoopState:
         self.cache_bytes: dict[str, int] = {}       # device -> bytes of tensors the run holds now
         self.cache_peak_bytes: dict[str, int] = {}  # the same when the run held the most
         self._windows = {d.id: self._window(d) for d in chain.deciders}
+        self._placed: tuple[EvaluationRecord, float] | None = None  # the last evaluation placed, and when
 
     # -- schedule ---------------------------------------------------------------------------------
     def _window(self, decider: Decider) -> tuple[float, float] | None:
@@ -121,6 +123,15 @@ class LoopState:
     def _place(self, ev: Evaluation, sigma: float) -> None:
         step = self.step_of(sigma)
         ev.place(sigma, step, self.first_step + step)
+        self.time_evaluations()
+        self._placed = (ev.record, time.perf_counter())
+
+    def time_evaluations(self) -> None:
+        """The last evaluation placed took until now (``EvaluationRecord.seconds``): called as the next one is
+        placed, and as the run ends."""
+        if self._placed is not None:
+            record, started = self._placed
+            record.seconds = time.perf_counter() - started
 
     def end_evaluation(self) -> None:
         ev = self.evaluation

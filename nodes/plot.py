@@ -61,7 +61,7 @@ def _work_saved(records: Sequence) -> float:
     whole = sum(getattr(r, "rows_total", 0) for r in records)
     if not whole:
         return sum(1 for r in records if r.skipped) / len(records) if records else 0.0
-    return 1.0 - sum(r.work_done for r in records) / whole
+    return round(1.0 - sum(r.work_done for r in records) / whole, 9)  # as the summary rounds it
 
 
 def _step_count(records: Sequence) -> int:

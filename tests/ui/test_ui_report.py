@@ -115,3 +115,34 @@ def test_the_threshold_says_what_it_means_where_a_middle_tier_runs_the_back_bloc
     assert rule(ic.VerifiedBlockCache(threshold=0.1, refresh_ratio=1.0), ic.TaylorSeer(order=1)) == "skip below"
     texts = [text for _, _, text in plot.legend([], "metric", tiered, {0.1})]
     assert f"threshold 0.1 ({tiered})" in texts
+
+
+def test_the_summary_says_the_time_the_skipped_work_saved_as_the_run_timed_its_steps(comfy):
+    """Each evaluation is timed from its placement to the next one's; the time saved is each evaluation that did
+    less than all its work against the median one that did all of it. Nothing skipped: nothing said."""
+    runs = {}
+    for threshold in (0.0, 0.25):
+        _, ui = comfy.run(tiny_prompt(threshold=threshold, steps=12))
+        (run,) = ui["sampler"]["cached_sampler"][0]["runs"]
+        runs[threshold] = (run, ui["sampler"]["text"][0])
+    plain, text = runs[0.0]
+    assert plain["skipped"] == 0 and plain["seconds_saved"] is None and "less than computed ones" not in text
+    cached, text = runs[0.25]
+    assert cached["skipped"] > 0 and 0 <= cached["seconds_saved"] < cached["seconds"] * 2, cached
+    assert f"the steps that skipped work took {cached['seconds_saved']:.2f} s less than computed ones" in text
+
+
+def test_each_evaluation_is_timed_and_the_times_add_up_to_the_run(comfy):
+    import nodes
+    import tiny_models
+    adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
+    seen = []
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2), ic.TaylorSeer(order=1)])
+    patched = adapter.install(tiny_models.build("flux"), chain,
+                              on_run_end=lambda run, summary: seen.append((run.records, summary)))
+    positive, negative = tiny_models.conditioning("flux", seed=1)
+    nodes.common_ksampler(patched, 0, 8, 3.0, "euler", "simple", positive, negative,
+                          tiny_models.latent("flux", seed=5))
+    (records, summary), = seen
+    assert len(records) == 8 and all(r.seconds > 0 for r in records), [r.seconds for r in records]
+    assert sum(r.seconds for r in records) <= summary.seconds, (sum(r.seconds for r in records), summary.seconds)
