@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from .base import Decider
-from .kinds import Granularity, check_range
+from .kinds import Granularity, Signal, check_range
 from .memory import Footprint
 from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 
@@ -28,17 +28,15 @@ class AdaptiveCache(Decider):
     metric_name = "accumulated predicted change"
     footprint = Footprint("model_outputs", anchor="model_anchors")
     granularity = Granularity.MODEL
-    signal = "model_input"
+    signal = Signal.MODEL_INPUT
 
     threshold: float = 0.1
     start_percent: float = 0.15
     end_percent: float = 0.95
-    max_consecutive_cached: int = -1
 
     def validate(self) -> None:
         super().validate()
         check_range(self.label, "threshold", self.threshold, 0.0)
-        check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
 
     @dataclasses.dataclass
     class RunState:
@@ -59,8 +57,6 @@ class AdaptiveCache(Decider):
         state = run.state_of(self)
         state.x_last = run.keep(signals)
         if not measured or state.rate is None:
-            return True
-        if 0 <= self.max_consecutive_cached <= run.decisions_of(self).consecutive_skips:
             return True
         step_change, out_scale = (m.value() for m in measured)
         if step_change is None or out_scale == 0:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from .cards import ModelCard
-from .kinds import Granularity, InterceptorError, Role, check_range
+from .kinds import Granularity, InterceptorError, Role, Signal, check_range
 from .memory import Footprint
 from .metrics import Measure
 from .records import Evaluation, Forward
@@ -76,11 +76,14 @@ class Interceptor:
 class Decider(Interceptor):
     """Chooses, once per sampler evaluation, whether the model work it covers is computed or skipped.
 
-    ``signal`` says what the engine must hand to :meth:`decide`:
-    ``"none"`` (schedule only), ``"model_input"`` (the latent entering the model, per branch: the sampler's
-    tensor), ``"probe_residual"`` (residual of the front blocks, per branch) or ``"modulated_input"`` (the
-    timestep-modulated input of block 0, per branch); the last two are tensors the engine made for the decider,
-    which nothing modifies afterwards (``run.keep(signals, copy=False)`` may keep them as they are).
+    ``signal`` (:class:`~.kinds.Signal`) says what the engine must hand to :meth:`decide`; the probe residual and
+    the modulated input are tensors the engine made for the decider, which nothing modifies afterwards
+    (``run.keep(signals, copy=False)`` may keep them as they are).
+
+    The settings every decider has, enforced by the run before its rule is asked (``LoopState.forced``): the
+    ``start_percent``/``end_percent`` window, and ``max_consecutive_cached``, the most evaluations in a row whose
+    work it may skip (-1: no limit). The first evaluation, sigma 0 and (unless ``forces_last_step`` is False) the
+    last step are computed too.
 
     Block vocabulary, used throughout the core: the *front* blocks (the papers' Fn, DBCache's "first n") always
     run and their residual is the *probe*; the *back* blocks (Bn, "last n") always run too; the blocks between
@@ -88,7 +91,7 @@ class Decider(Interceptor):
     """
 
     role: ClassVar[Role] = Role.DECIDER
-    signal: ClassVar[str] = "none"
+    signal: ClassVar[Signal] = Signal.NONE
     # False: the decider estimates what it skips itself (the Guidance Cache's own forecast), so a chained
     # estimator has nothing to estimate for it
     uses_estimator: ClassVar[bool] = True
@@ -115,10 +118,12 @@ class Decider(Interceptor):
 
     start_percent: float = 0.0
     end_percent: float = 1.0
+    max_consecutive_cached: int = -1
 
     def validate(self) -> None:
         check_range(self.label, "start_percent", self.start_percent, 0.0, 1.0)
         check_range(self.label, "end_percent", self.end_percent, 0.0, 1.0)
+        check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
         if self.start_percent >= self.end_percent:
             raise InterceptorError(
                 f"{self.label}: 'start_percent' ({self.start_percent}) must be below 'end_percent' "
@@ -169,6 +174,42 @@ class Decider(Interceptor):
         reused would exceed the decider's limits (the moving context windows of ComfyUI's uniform schedules bring
         a new window, computed, on every step)."""
         return ev.decisions.get(self.id, True)
+
+
+@dataclasses.dataclass(frozen=True)
+class GuidanceDecider(Decider):
+    """A decider of the guidance level (``Granularity.GUIDANCE``): on the evaluations its rule picks, the negative
+    entries of the guider's standard ``[positive, negative]`` call are left out and the negative prediction is
+    estimated from the positive one. The engine (``engine.guided_batch``) keeps one history per call shape (a
+    context window), hands it to :meth:`decide` as the signal and tells the decider, in epsilon space, what each
+    evaluation computed or left out; what the history holds is the decider's."""
+
+    granularity: ClassVar[Granularity] = Granularity.GUIDANCE
+    signal: ClassVar[Signal] = Signal.GUIDANCE
+    uses_estimator: ClassVar[bool] = False  # it forecasts the negative branch itself
+
+    @property
+    def never_skips(self) -> bool:
+        """True where its settings compute both branches on every evaluation (bit-identical)."""
+        raise NotImplementedError
+
+    def history(self, run: Run, ev: Evaluation, key, conditioning: tuple) -> Any:
+        """The negative branch's history for call shape ``key``, started over where the active ``conditioning``
+        entries changed. It has a ``slot`` whose ``points`` say whether anything was learned yet."""
+        raise NotImplementedError
+
+    def learned(self, run: Run, state, eps_positive: torch.Tensor, eps_negative: torch.Tensor, now: float, *,
+                denoised: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Both branches were computed at sigma ``now``: learn from them."""
+        raise NotImplementedError
+
+    def left_out(self, state, model_ran: bool) -> None:
+        """The negative branch was left out of an evaluation; ``model_ran``: the positive one really computed."""
+        raise NotImplementedError
+
+    def estimated(self, state, eps_positive: torch.Tensor, now: float) -> torch.Tensor:
+        """The negative prediction at ``now``, from the positive one just computed."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 
 from .base import Decider
 from .cards import ModelCard
-from .kinds import Granularity, InterceptorError, check_range
+from .kinds import Granularity, InterceptorError, Signal, check_range
 from .memory import Footprint
 from .metrics import relative_l1_of
 
@@ -37,7 +37,7 @@ class DBCache(Decider):
     metric_name = "residual change (relative L1)"
     footprint = Footprint("block_streams", anchor="probe_residual")
     granularity = Granularity.BLOCKS
-    signal = "probe_residual"
+    signal = Signal.PROBE_RESIDUAL
     counts_steps = True
 
     front: int = 1
@@ -45,7 +45,7 @@ class DBCache(Decider):
     threshold: float = 0.12
     warmup: float = 0.1
     max_cached_steps: int = -1
-    max_consecutive_cached: int = 3
+    max_consecutive_cached: int = 3  # the shared limit (Decider), on by default here
 
     def validate(self) -> None:
         super().validate()
@@ -53,7 +53,6 @@ class DBCache(Decider):
         check_range(self.label, "threshold", self.threshold, 0.0)
         check_range(self.label, "warmup", self.warmup, 0.0, 1.0)
         check_range(self.label, "max_cached_steps", self.max_cached_steps, -1)
-        check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
 
     def blocks(self) -> tuple[int, int]:
         return self.front, self.back
@@ -78,10 +77,7 @@ class DBCache(Decider):
     def decide(self, run, ev, signals, measured) -> bool:
         if not measured or ev.progress < self.warmup:
             return True
-        decisions = run.decisions_of(self)
-        if 0 <= self.max_cached_steps <= decisions.skips:
-            return True
-        if 0 <= self.max_consecutive_cached <= decisions.consecutive_skips:
+        if 0 <= self.max_cached_steps <= run.decisions_of(self).skips:
             return True
         diff = measured[0].value()
         if diff is None or diff != diff:  # no anchor yet, or a NaN probe: compute

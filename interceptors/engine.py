@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .kinds import NEGATIVE, POSITIVE
+from .kinds import NEGATIVE, POSITIVE, Signal
 from .records import BranchKey, Forward
 from .state import LoopState
 
@@ -71,8 +71,7 @@ def guided_batch(run: LoopState, conds: list, x: torch.Tensor, sigma: torch.Tens
     # steps the negative branch is estimated here too, from the guidance history (not the step cache's), but only
     # where the guidance decider may act: outside its window (and on its first and last steps) the step cache
     # stays in charge of both branches, exactly as in the chain without it.
-    step = run.model_decider
-    model_runs = run.decide(step, None) if step is not None and step.signal == "none" else True
+    model_runs = run.model_will_run()
     run.read_place()
     if not model_runs and run.forced(decider, ev):
         return compute(conds)
@@ -123,7 +122,7 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
         return compute()
     ev = forward.evaluation
     parts = forward.split(x)
-    signals = parts if decider.signal == "model_input" else None
+    signals = parts if decider.signal == Signal.MODEL_INPUT else None
     compute_it = run.decide(decider, signals)
     # the evaluation's sigma as the run read it with the decision (every row of a sampler's call has it); at
     # sigma 0 the decision computes, and there is no epsilon to keep
@@ -226,9 +225,9 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     ev = forward.evaluation
 
     # The probe: the front blocks always run; their residual is the change signal.
-    if position == 0 and decider.signal == "probe_residual" and plan.probe_end >= 0:
+    if position == 0 and decider.signal == Signal.PROBE_RESIDUAL and plan.probe_end >= 0:
         forward.probe_input = args[stream].clone()
-    if position == 0 and decider.signal == "modulated_input" and modulated_input is not None:
+    if position == 0 and decider.signal == Signal.MODULATED_INPUT and modulated_input is not None:
         forward.signals[decider.id] = forward.split(modulated_input())
     segment = plan.segment_of.get(position)
     if segment is None:

@@ -37,12 +37,11 @@ real positive and the estimated negative. This file holds the rule and what it l
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import torch
 
-from .base import Decider
-from .kinds import Granularity, InterceptorError, check_range
+from .base import GuidanceDecider
+from .kinds import InterceptorError, check_range
 from .memory import Footprint
 from .records import Evaluation
 from .run import Run
@@ -61,14 +60,11 @@ KEPT_EVALUATIONS = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class GuidanceCache(Decider):
+class GuidanceCache(GuidanceDecider):
     kind = "guidance_cache"
     display_name = "Guidance Cache"
     metric_name = "guidance: steps / predicted change / disagreement"
     metric_secondary = True  # beside a step or block cache, that cache's metric is the one shown
-    granularity = Granularity.GUIDANCE
-    signal: ClassVar[str] = "guidance"  # decide() is handed {key: that calc's BranchState}
-    uses_estimator: ClassVar[bool] = False  # it forecasts the negative branch itself
 
     interval: int = 2
     mode: str = "cadence"

@@ -14,6 +14,16 @@ class Granularity(str, Enum):
     GUIDANCE = "guidance"
 
 
+class Signal(str, Enum):
+    """What the engine hands a decider's ``measure`` and ``decide`` each evaluation (``Decider.signal``)."""
+
+    NONE = "none"                        # nothing: the schedule alone decides
+    MODEL_INPUT = "model_input"          # the latent entering the model, per branch (the sampler's tensor)
+    PROBE_RESIDUAL = "probe_residual"    # the residual of the front blocks, per branch
+    MODULATED_INPUT = "modulated_input"  # the timestep-modulated input of block 0, per branch
+    GUIDANCE = "guidance"                # the guidance level's history of one conds-list call shape
+
+
 class Role(str, Enum):
     """A decider chooses whether to skip; an estimator says what to use instead of a skipped computation."""
 

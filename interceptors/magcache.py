@@ -79,7 +79,7 @@ class MagCache(Decider):
     counts_steps = True
 
     threshold: float = 0.06
-    max_skips: int = 2
+    max_consecutive_cached: int = 2  # the node's K: the shared limit (Decider)
     retention: float = 0.2
     model_type: str = "auto"
     ratios: tuple[float, ...] = ()
@@ -87,7 +87,7 @@ class MagCache(Decider):
     def validate(self) -> None:
         super().validate()
         check_range(self.label, "threshold", self.threshold, 0.0)
-        check_range(self.label, "K", self.max_skips, 0)
+        check_range(self.label, "K", self.max_consecutive_cached, 0)
         check_range(self.label, "retention_ratio", self.retention, 0.0, 1.0)
         if self.model_type not in MODEL_TYPES:
             raise InterceptorError(f"{self.label}: 'model_type' must be one of {', '.join(MODEL_TYPES)}.")
@@ -118,8 +118,7 @@ class MagCache(Decider):
     class RunState:
         curve: list[float] | None = None  # the ratio curve resampled to the model's whole schedule
         ratio: float = 1.0                # product of the ratios since the last computed evaluation
-        pending: int = 0                  # evaluations skipped since then
-        error: float = 0.0
+        error: float = 0.0                # the accumulated error since then
 
     def retained(self, schedule_steps: int) -> int:
         """How many steps at the start of the schedule always compute: the authors' ``int(r * N)``."""
@@ -132,18 +131,17 @@ class MagCache(Decider):
         if self.threshold <= 0 or ev.position < self.retained(ev.schedule_steps):
             return True
         ratio = state.ratio * state.curve[min(ev.position, len(state.curve) - 1)]
-        skips = state.pending + 1
         error = state.error + abs(1.0 - ratio)
         run.report_metric(self, error, self.threshold)
-        if error < self.threshold and skips <= self.max_skips:
-            state.ratio, state.pending, state.error = ratio, skips, error
+        if error < self.threshold:
+            state.ratio, state.error = ratio, error
             return False
         return True
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
         if self.decided_to_compute(ev):
             state = run.state_of(self)
-            state.ratio, state.pending, state.error = 1.0, 0, 0.0
+            state.ratio, state.error = 1.0, 0.0
 
 
 @dataclasses.dataclass(frozen=True)

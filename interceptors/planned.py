@@ -24,13 +24,13 @@ from .taylorseer import lagrange_weights, same_sigma
 
 def fits_plan(run, ev, sigmas: Sequence[float], schedule: Sequence[float], sampler: str) -> bool:
     """Whether evaluation ``ev`` of ``run`` is the one a plan names: made for the run's ``schedule`` (its sigmas:
-    steps, scheduler and denoise) and ``sampler`` ("" matches any), at the evaluation's sigma. Every
+    steps, scheduler and denoise) and ``sampler`` (empty: any), at the evaluation's sigma. Every
     one-evaluation-per-step sampler evaluates at the same sigmas, but their trajectories differ, so a plan measured
     on one says nothing of another. Every level a plan drives asks this, so all of them leave it together."""
     return (ev.index < len(sigmas) and same_sigma(sigmas[ev.index], ev.sigma)
             and (not sampler or run.sampler == sampler)
-            and len(run.sample_sigmas) == len(schedule)
-            and all(same_sigma(a, b) for a, b in zip(run.sample_sigmas, schedule)))
+            and (not schedule or (len(run.sample_sigmas) == len(schedule)
+                                  and all(same_sigma(a, b) for a, b in zip(run.sample_sigmas, schedule)))))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Hashable, Sequence
 import torch
 
 from .base import Decider
-from .kinds import BRANCH_NAMES, Granularity
+from .kinds import BRANCH_NAMES, Granularity, Signal
 from .chain import InterceptorChain
 from .metrics import Measure, deliver, terms_of, to_host
 from .records import BranchCache, BranchKey, DecisionRecord, Evaluation, EvaluationRecord, Forward
@@ -283,9 +283,18 @@ class LoopState:
 
     def forced(self, decider: Decider, ev: Evaluation) -> bool:
         """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step,
-        sigma 0 and every evaluation outside its start/end percent window."""
+        sigma 0, every evaluation outside its start/end percent window, and the one after its
+        ``max_consecutive_cached`` skipped evaluations in a row."""
+        limit = decider.max_consecutive_cached
         return (ev.index == 0 or (ev.is_last_step and decider.forces_last_step) or ev.sigma == 0
-                or not self.in_window(decider, ev))
+                or not self.in_window(decider, ev)
+                or 0 <= limit <= self.decision_records[decider.id].consecutive_skips)
+
+    def model_will_run(self) -> bool:
+        """Whether the model runs at all in this evaluation, as far as can be said before any forward: False only
+        where a whole-model decider that decides from the schedule alone (``Signal.NONE``) skips it."""
+        step = self.model_decider
+        return self.decide(step, None) if step is not None and step.signal == Signal.NONE else True
 
     def skipped(self, decider: Decider) -> None:
         """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""

@@ -13,7 +13,7 @@ import dataclasses
 
 from .base import Decider
 from .cards import ModelCard
-from .kinds import Granularity, InterceptorError, check_range
+from .kinds import Granularity, InterceptorError, Signal, check_range
 from .memory import Footprint
 from .metrics import relative_l1_of
 
@@ -47,7 +47,7 @@ class TeaCache(Decider):
     metric_name = "accumulated rescaled change"
     footprint = Footprint("block_streams", anchor="modulated_input")
     granularity = Granularity.BLOCKS
-    signal = "modulated_input"
+    signal = Signal.MODULATED_INPUT
 
     threshold: float = 0.4
     model_type: str = "auto"

@@ -42,7 +42,7 @@ import torch
 
 from .base import Decider
 from .dbcache import check_probe
-from .kinds import Granularity, check_range
+from .kinds import Granularity, Signal, check_range
 from .memory import Footprint
 from .metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
 
@@ -64,21 +64,19 @@ class VerifiedBlockCache(Decider):
     footprint = Footprint("block_streams_and_back", anchor="probe_points")
     display_name = "Verified Block Cache"
     granularity = Granularity.BLOCKS
-    signal = "probe_residual"
+    signal = Signal.PROBE_RESIDUAL
     checks_forecast = True
 
     front: int = 1
     back: int = 1
     threshold: float = 0.05
     refresh_ratio: float = 2.0  # the critical level as a multiple of the threshold (1: no middle tier)
-    max_consecutive_cached: int = -1
 
     def validate(self) -> None:
         super().validate()
         check_probe(self.label, self.front, self.back)
         check_range(self.label, "threshold", self.threshold, 0.0)
         check_range(self.label, "refresh_ratio", self.refresh_ratio, 1.0)
-        check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
 
     def blocks(self) -> tuple[int, int, bool]:
         return self.front, self.back, True  # the back blocks are skippable too: the middle tier runs them
@@ -150,8 +148,6 @@ class VerifiedBlockCache(Decider):
         state.tier = 2
         if not measured:
             return True
-        if 0 <= self.max_consecutive_cached <= run.decisions_of(self).consecutive_skips:
-            return True
         err = self.forecast_error(run, ev, measured[0].keys, measured[0].value())
         if err is None or err != err:  # no products yet, or a NaN probe: compute
             return True
@@ -206,17 +202,15 @@ class VerifiedForecast(Decider):
     footprint = Footprint("model_outputs", anchor="model_input")
     display_name = "Verified Forecast"
     granularity = Granularity.MODEL
-    signal = "model_input"
+    signal = Signal.MODEL_INPUT
     verifies_forecast = True
     checks_forecast = True
 
     threshold: float = 0.05
-    max_consecutive_cached: int = -1
 
     def validate(self) -> None:
         super().validate()
         check_range(self.label, "threshold", self.threshold, 0.0)
-        check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
 
     @dataclasses.dataclass
     class BranchState:
@@ -242,8 +236,6 @@ class VerifiedForecast(Decider):
         state = run.state_of(self)
         if not measured or state.error is None:
             return True  # no forecast checked yet
-        if 0 <= self.max_consecutive_cached <= run.decisions_of(self).consecutive_skips:
-            return True
         change = measured[0].value()
         if change is None or change != change:
             return True

@@ -244,7 +244,7 @@ class MagCacheCalibrate(CalibrationNode):
         node, sample, latent = cls.uncached_pass(model, prompt, MagnitudeRecorder)
         ratios = recorded_ratios(sample.runs[-1])
         text = ", ".join(f"{r:.5f}" for r in ratios)
-        chain = InterceptorChain.of([MagCache(threshold=threshold, max_skips=K, retention=retention_ratio,
+        chain = InterceptorChain.of([MagCache(threshold=threshold, max_consecutive_cached=K, retention=retention_ratio,
                                               model_type="custom", ratios=ratios, node=node)])
         return io.NodeOutput(chain, latent, text, ui={"text": (text,)})
 

@@ -159,7 +159,7 @@ TeaCacheNode = config_node(
 
 def _magcache(threshold, K, retention_ratio, model_type, custom_ratios, start_percent, end_percent):
     ratios = magcache_method.parse_ratios(custom_ratios, "MagCache") if custom_ratios.strip() else ()
-    return MagCache(threshold=threshold, max_skips=K, retention=retention_ratio, model_type=model_type,
+    return MagCache(threshold=threshold, max_consecutive_cached=K, retention=retention_ratio, model_type=model_type,
                     ratios=ratios, start_percent=start_percent, end_percent=end_percent)
 
 

@@ -86,7 +86,7 @@ def _decider_run(decider, sigmas=SIGMAS, **kw):
 def test_magcache_retains_int_r_times_n_steps():
     """The authors compute the first int(retention * N) steps: with N = 8 and r = 0.3, steps 0 and 1 (2.4 -> 2).
     Step 2 is the first one MagCache may skip."""
-    cache = ic.MagCache(threshold=1.0, max_skips=5, retention=0.3, model_type="custom", ratios=(1.0, 1.0),
+    cache = ic.MagCache(threshold=1.0, max_consecutive_cached=5, retention=0.3, model_type="custom", ratios=(1.0, 1.0),
                         start_percent=0.0, end_percent=1.0)
     run = _decider_run(cache)
     decisions = []

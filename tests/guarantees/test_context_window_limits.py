@@ -29,10 +29,8 @@ def _chain(ic, name: str):
     turns the random tiny Wan's changes into values far above any threshold)."""
     items = []
     for item in methods.skipping(ic)[name]:
-        if hasattr(item, "max_consecutive_cached"):
+        if isinstance(item, ic.Decider) and item.granularity != ic.Granularity.GUIDANCE:
             item = dataclasses.replace(item, max_consecutive_cached=LIMIT)
-        if isinstance(item, ic.MagCache):
-            item = dataclasses.replace(item, max_skips=LIMIT)
         if isinstance(item, ic.TeaCache):
             item = dataclasses.replace(item, model_type="ltxv")
         items.append(item)
@@ -40,8 +38,7 @@ def _chain(ic, name: str):
 
 
 def _limited(ic, name: str) -> bool:
-    decider = methods.skipping(ic)[name][0]
-    return hasattr(decider, "max_consecutive_cached") or isinstance(decider, ic.MagCache)
+    return any(d.max_consecutive_cached >= 0 for d in _chain(ic, name).deciders)
 
 
 def _accumulates(ic, name: str) -> bool:

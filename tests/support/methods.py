@@ -22,7 +22,7 @@ def skipping(ic) -> dict[str, list]:
                                             **WINDOW), ic.TaylorSeer(order=2)],
         "fbcache": [ic.FirstBlockCache(threshold=50.0, warmup=0.0, **WINDOW)],
         "teacache": [ic.TeaCache(threshold=100.0, **WINDOW)],
-        "magcache": [ic.MagCache(threshold=100.0, max_skips=2, retention=0.0, **WINDOW)],
+        "magcache": [ic.MagCache(threshold=100.0, max_consecutive_cached=2, retention=0.0, **WINDOW)],
         "guidance cache": [ic.GuidanceCache(interval=2, **WINDOW)],
         "guidance cache + fixed cadence": [ic.FixedCadence(interval=2), ic.GuidanceCache(interval=3, **WINDOW)],
         # threshold 1.5: 1 - cos < 1.5 for every pair of predictions but opposite ones, so it skips here
