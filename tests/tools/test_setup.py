@@ -26,7 +26,10 @@ if [ "$1" = -c ]; then
     *importlib.metadata*) [ -e "$STUB_DIR/no-torch" ] && exit 1; cat "$STUB_DIR/torch-version" ;;
   esac
 elif [ "$1 $2 $3" = "-m pip install" ]; then
-  case "$*" in *"torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0"*) rm -f "$STUB_DIR/no-torch"; echo 2.11.0+cpu > "$STUB_DIR/torch-version" ;; esac
+  case "$*" in
+    *"torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0"*)
+      rm -f "$STUB_DIR/no-torch"; echo 2.11.0+cpu > "$STUB_DIR/torch-version" ;;
+  esac
 fi
 exit 0
 """
