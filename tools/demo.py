@@ -6,7 +6,11 @@ into a prompt, and runs it through ComfyUI's executor twice: once with the cachi
 the cached digits against the uncached ones and the wall time of each, and saves both images and the
 tuning plot.
 
-    bash tools/setup.sh && python3 tools/demo.py [--threshold 0.25] [--steps 20] [--out artifacts/demo]
+Needs nothing beyond what ComfyUI's own requirements install: run it with the Python that runs ComfyUI (its
+virtual environment activated), from the pack's folder; ComfyUI is found through ``COMFYUI_PATH``, the folder
+above ``custom_nodes/`` when the pack is installed there, or ``~/ComfyUI``.
+
+    python3 tools/demo.py [--threshold 0.25] [--steps 20] [--out artifacts/demo]
 """
 from __future__ import annotations
 
@@ -62,7 +66,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     print("Starting a headless ComfyUI with the pack ...", flush=True)
-    app = start_comfy()
+    try:
+        app = start_comfy()
+    except ModuleNotFoundError as e:
+        raise SystemExit(f"The demo needs only what ComfyUI's requirements install, and this Python ({sys.executable}) "
+                         f"has no module '{e.name}': run it with the Python that runs ComfyUI (activate ComfyUI's "
+                         f"virtual environment first), from the pack's folder.") from None
     home = Path.home()
     shown = f"~/{app.path.relative_to(home)}" if app.path.is_relative_to(home) else str(app.path)
     print(f"ComfyUI {app.version} at {shown}")

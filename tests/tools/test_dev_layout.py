@@ -1,5 +1,6 @@
 """The development layout: the folders on the import path are the ones the pyproject names, never the pack's
 root, and every entry script in a folder of tools/ finds what it imports when run from anywhere."""
+import re
 import subprocess
 import sys
 import tomllib
@@ -52,3 +53,35 @@ def test_entry_scripts_start_from_any_folder(script, tmp_path):
                             text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+HOLDING_TEST_MODULE = '''
+import tiny_models
+from devkit import work_nodes
+from devkit.comfy_harness import Comfy, find_comfyui
+
+HELD = []  # a module's global, freed only when CPython tears the modules down at exit
+
+
+def test_holds_models_to_the_end(tmp_path):
+    comfy = Comfy(find_comfyui(), tmp_path)
+    HELD.extend(tiny_models.build("flux", seed) for seed in range(4))
+    work_nodes.CAPTURED["model"] = tiny_models.build("wan21", 0)
+    assert comfy.version
+'''
+
+
+def test_a_run_that_holds_models_to_its_end_ends_on_its_summary_line(comfy, tmp_path):
+    """ComfyUI's ModelPatcher.__del__ needs ComfyUI's modules whole; a pytest run whose modules still hold
+    models at exit, which CPython frees after it tore ComfyUI's modules down, used to print a traceback per model
+    after the summary line. The harness finalizes them at exit, before that teardown."""
+    (tmp_path / "test_holding.py").write_text(HOLDING_TEST_MODULE, encoding="utf-8")
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "COMFYUI_PATH": str(comfy.path), "HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+                             str(ROOT), "-q", str(tmp_path / "test_holding.py")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "Exception ignored" not in result.stdout and "Traceback" not in result.stdout, result.stdout[-3000:]
+    assert re.fullmatch(r"1 passed in [\d.]+s", lines[-1]), lines[-5:]

@@ -12,7 +12,7 @@ does (1.35: the node library's help button; 1.49: the selection toolbox's Info b
 page, and opens every template with no missing-node card and every model file it names listed with its download
 address (no "Unknown"). The same checks hold with the older (1.35) and the newer (1.49) frontend. Everything it
 starts is stopped, and bounded in time.
-Installs nothing: ``tools/setup.sh`` provides Chromium and playwright-core (in ``.browser/``).
+Installs nothing: ``bash tools/setup.sh --browser`` provides Chromium and playwright-core (in ``.browser/``).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def skip_loudly(reason: str):
-    message = f"BROWSER TEST SKIPPED: {reason} (run `bash tools/setup.sh`)"
+    message = f"BROWSER TEST SKIPPED: {reason} (run `bash tools/setup.sh --browser`)"
     warnings.warn(message)
     print(f"\n!!! {message} !!!", file=sys.stderr)
     pytest.skip(message)

@@ -1,4 +1,7 @@
-"""The README's main command: tools/demo.py runs the tiny example uncached and cached and says what caching did."""
+"""The README's main command: tools/demo.py runs the tiny example uncached and cached and says what caching did,
+with nothing installed beyond what ComfyUI's own requirements install."""
+import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -27,3 +30,100 @@ def test_demo_prints_summary_psnr_and_times_and_saves_images(comfy, tmp_path):
     assert re.search(r"Wall time: uncached [\d.]+ s, cached [\d.]+ s", out), out
     for name in ("uncached.png", "cached.png", "tuning_plot.png"):
         assert Image.open(tmp_path / name).size[0] > 100
+
+
+NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def comfyui_requirements(comfy_path: Path) -> set[str]:
+    """The distributions ComfyUI's requirements.txt installs: those it lists and, through the installed ones'
+    metadata, everything they require in turn (with the extras asked for), by normalized name."""
+    todo = [NAME.match(line.split("#")[0]) for line in (comfy_path / "requirements.txt").read_text().splitlines()]
+    todo = [(m.group(1), m.group(2) or "") for m in todo if m]
+    seen, names = set(), set()
+    while todo:
+        name, extras = todo.pop()
+        key = (normalized(name), frozenset(normalized(e) for e in extras.split(",") if e.strip()))
+        if key in seen:
+            continue
+        seen.add(key)
+        names.add(key[0])
+        try:
+            requires = importlib.metadata.requires(key[0]) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for requirement in requires:
+            spec, _, marker = requirement.partition(";")
+            wanted = {normalized(e) for e in re.findall(r"extra\s*==\s*[\"']([^\"']+)[\"']", marker)}
+            if wanted and not wanted & key[1]:
+                continue
+            m = NAME.match(spec)
+            if m:
+                todo.append((m.group(1), m.group(2) or ""))
+    return names
+
+
+# Runs tools/demo.py as `python3 tools/demo.py` would (tools/ first on the path), with an import hook that makes
+# every distribution outside ComfyUI's requirements look uninstalled to the pack's own code (the demo, devkit, the
+# tests' support modules the harness registers, the pack): what a Python with only ComfyUI installed offers it.
+# What ComfyUI or torch import themselves is left alone: a working ComfyUI has it.
+ONLY_COMFYUI = r"""
+import importlib.abc, importlib.metadata, json, re, runpy, sys
+allowed, root, demo = set(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
+owners = importlib.metadata.packages_distributions()
+refused = []
+
+class OnlyComfyUIRequirements(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        dists = owners.get(top)
+        if not dists or any(re.sub(r"[-_.]+", "-", d).lower() in allowed for d in dists):
+            return None
+        frame = sys._getframe(1)
+        while frame and frame.f_code.co_filename.startswith("<"):  # importlib's frames and this hook's
+            frame = frame.f_back
+        ours = frame and (frame.f_code.co_filename.startswith(root + "/") or
+                          "/custom_nodes/cached-sampler/" in frame.f_code.co_filename)  # the pack, as ComfyUI loads it
+        if ours:
+            refused.append(f"{name} ({', '.join(dists)}) from {frame.f_code.co_filename}")
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, OnlyComfyUIRequirements())
+sys.path[0] = root + "/tools"
+sys.argv = [demo] + sys.argv[4:]
+try:
+    runpy.run_path(demo, run_name="__main__")
+finally:
+    print("REFUSED:", json.dumps(refused), file=sys.stderr)
+"""
+
+
+def test_demo_runs_with_only_what_comfyuis_requirements_install(comfy, tmp_path):
+    allowed = comfyui_requirements(comfy.path)
+    assert {"torch", "numpy", "pillow", "aiohttp", "safetensors"} <= allowed
+    assert "pytest" not in allowed and "scikit-learn" not in allowed  # what the developer's set-up adds
+    env = {**os.environ, "COMFYUI_PATH": str(comfy.path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", ONLY_COMFYUI, json.dumps(sorted(allowed)), str(ROOT),
+                             str(ROOT / "tools" / "demo.py"), "--out", str(tmp_path), "--steps", "8"],
+                            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    refused = json.loads(result.stderr.rpartition("REFUSED: ")[2].splitlines()[0])
+    assert result.returncode == 0 and refused == [], (refused, result.stdout[-2000:] + result.stderr[-3000:])
+    assert re.search(r"computed \d+/8 steps", result.stdout), result.stdout
+    assert (tmp_path / "cached.png").is_file()
+
+
+def test_demo_run_by_a_python_without_comfyuis_requirements_says_which_python_to_use(tmp_path):
+    """A Python that lacks ComfyUI's requirements (torch here) gets told to use ComfyUI's, not a traceback."""
+    stub = tmp_path / "torch.py"
+    stub.write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "demo.py"), "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 1
+    assert "has no module 'torch'" in result.stderr and "the Python that runs ComfyUI" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

@@ -178,6 +178,55 @@ def official_urls():
     return urls
 
 
+# The model family of each example that loads model files, and the repositories each family's files come from
+# (its makers' and Comfy-Org's repackaging of them), written here apart from the generator's table.
+FAMILY = {"flux_dbcache_taylorseer": "flux", "apply_interceptors_sampler_custom_advanced": "flux",
+          "sdxl_adaptive_cache": "sdxl", "wan21_adaptive_cache": "wan", "wan22_two_stage_first_block_cache": "wan",
+          "qwen_image_magcache_calibrate": "qwen_image", "hunyuan_video15_first_block_cache": "hunyuan_video15",
+          "z_image_fixed_cadence_taylorseer": "z_image", "ltx2_first_block_cache": "ltx2"}
+REPOSITORIES = {
+    "flux": {"black-forest-labs/FLUX.1-dev", "black-forest-labs/FLUX.1-schnell", "Comfy-Org/flux1-dev",
+             "comfyanonymous/flux_text_encoders"},
+    "sdxl": {"stabilityai/stable-diffusion-xl-base-1.0"},
+    "wan": {"Comfy-Org/Wan_2.1_ComfyUI_repackaged", "Comfy-Org/Wan_2.2_ComfyUI_Repackaged"},
+    "qwen_image": {"Comfy-Org/Qwen-Image_ComfyUI"},
+    "hunyuan_video15": {"Comfy-Org/HunyuanVideo_1.5_repackaged"},
+    "z_image": {"Comfy-Org/z_image", "Comfy-Org/z_image_turbo"},
+    "ltx2": {"Lightricks/LTX-2", "Comfy-Org/ltx-2"},
+    # repositories of other families, which no example's files may come from
+    "lumina2": {"Comfy-Org/Lumina_Image_2.0_Repackaged"},
+    "hidream": {"Comfy-Org/HiDream-I1_ComfyUI"},
+}
+
+
+def repository(url: str) -> str:
+    """``owner/name`` of a Hugging Face address ("" for another site)."""
+    if not url.startswith("https://huggingface.co/"):
+        return ""
+    return "/".join(url.removeprefix("https://huggingface.co/").split("/")[:2])
+
+
+def test_every_model_file_an_example_loads_comes_from_its_own_familys_repository():
+    """A model file's download address lies in a repository of the example's own model family: a Flux example
+    must not send its user to Z-Image's repository for the VAE, nor HunyuanVideo 1.5's to Qwen-Image's for its
+    text encoder, even where the file is the same."""
+    owner = {repo: family for family, repos in REPOSITORIES.items() for repo in repos}
+    checked = 0
+    for name in NAMES:
+        entries = [m for node in load(name)["nodes"] for m in (node.get("properties") or {}).get("models") or []]
+        if not entries:
+            continue
+        assert name in FAMILY, f"{name}: say which model family it is (FAMILY) and where its files come from"
+        for entry in entries:
+            assert "/resolve/" in entry["url"], entry  # a download address on Hugging Face
+            repo = repository(entry["url"])
+            assert repo in REPOSITORIES[FAMILY[name]], \
+                (f"{name}: {entry['name']} is downloaded from {repo}, a repository of "
+                 f"{owner.get(repo, 'no known family')}, not of {FAMILY[name]}")
+            checked += 1
+    assert checked >= 20
+
+
 def test_every_model_file_an_example_loads_says_where_to_download_it_and_in_which_folder(comfy, defs):
     """What the frontend's missing-models panel reads: per loader node, properties.models = [{name, url,
     directory}] for each file its widgets name, the directory being the models/ folder that widget lists."""
@@ -204,8 +253,11 @@ def test_every_model_file_an_example_loads_says_where_to_download_it_and_in_whic
                 assert entry, f"{name}: {kind}.{slot} loads {value} with no properties.models entry"
                 assert entry["url"].startswith("https://") and entry["url"].split("?")[0].endswith("/" + value), entry
                 assert {entry["directory"]} == folders[(kind, slot)], (name, kind, slot, entry, folders[(kind, slot)])
-                if value in official:
-                    assert entry["url"] in official[value], (value, entry["url"], official[value])
+                # where ComfyUI's own templates download this file from this family's repositories, the same
+                # address (their Flux templates take Flux's VAE from Lumina 2's repository: no family address)
+                ours = {u for u in official.get(value, ()) if repository(u) in REPOSITORIES[FAMILY[name]]}
+                if ours:
+                    assert entry["url"] in ours, (value, entry["url"], ours)
                 checked += 1
             assert set(entries) <= set(node["widgets_values"]), (name, kind, "an entry for a file it does not load")
     assert checked >= 10

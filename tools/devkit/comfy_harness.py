@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import copy
+import gc
 import itertools
 import logging
 import os
@@ -130,6 +131,44 @@ def executor_cache_args(comfy_args) -> dict:
     return {"lru": comfy_args.cache_lru, "ram": 0, "ram_inactive": 0}
 
 
+def _finalized(*args, **kwargs) -> None:
+    """What a ModelPatcher finalized by ``release_models`` does when CPython frees it later: nothing more."""
+
+
+def release_models() -> int:
+    """Finalize every ComfyUI ModelPatcher this process still holds, while ComfyUI's modules are whole; returns
+    how many something still held after the harness's own references were dropped.
+
+    At exit CPython clears the modules that outlive the last collection one by one, in the reverse order of
+    their import, setting their globals to None. ComfyUI is imported by ``Comfy``, after the test and tool modules
+    (and their support modules) that hold its models, so its modules are cleared first; a ModelPatcher freed after
+    that runs its ``__del__`` on a torn-down ComfyUI: ``detach`` looks up ``CallbacksMP`` in comfy.model_patcher's
+    globals and a process that succeeded prints, after pytest's summary line, "Exception ignored in:
+    ModelPatcher.__del__ ... AttributeError: 'NoneType' object has no attribute 'ON_DETACH'" for each. ``Comfy``
+    runs this at exit, before that teardown: the work-counting nodes' CAPTURED store is emptied, ComfyUI unloads
+    its models and garbage is collected, so that the models only the harness kept are freed now; a ModelPatcher
+    something else still holds (a module's global, a cycle) runs its ``__del__`` now, and its later one does
+    nothing more (its ``unpin_all_weights`` and ``detach``, what ComfyUI's ``__del__`` calls, become no-ops on
+    that object only)."""
+    model_patcher = sys.modules.get("comfy.model_patcher")
+    if model_patcher is None:
+        return 0
+    from devkit import work_nodes
+    work_nodes.CAPTURED.clear()
+    CAPTURED.clear()
+    import comfy.model_management
+    comfy.model_management.unload_all_models()
+    gc.collect()
+    # type(o), not isinstance: isinstance reads __class__, which some lazy module attributes answer with a warning
+    held = [o for o in gc.get_objects() if issubclass(type(o), model_patcher.ModelPatcher)]
+    for patcher in held:
+        try:
+            patcher.__del__()
+        finally:
+            patcher.unpin_all_weights = patcher.detach = _finalized
+    return len(held)
+
+
 class Comfy:
     """A headless ComfyUI with the pack loaded from a custom_nodes folder by ComfyUI's own loader."""
 
@@ -148,6 +187,8 @@ class Comfy:
         if tmp is None:
             tmp = Path(tempfile.mkdtemp(prefix="cached-sampler-"))
             atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        atexit.unregister(release_models)  # once per process, however many harnesses it starts
+        atexit.register(release_models)
         self.tmp = tmp
         for name in ("output", "temp", "input", "user"):
             (self.tmp / name).mkdir()

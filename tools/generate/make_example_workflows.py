@@ -34,30 +34,65 @@ SLOT_H, WIDGET_H, TITLE_H = 20, 24, 30
 MODEL_EXTENSIONS = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".sft", ".gguf")
 
 HF = "https://huggingface.co"
-# Every model file an example loads, with the folder of ComfyUI/models/ it belongs in and where to download it:
-# the official release, at the address ComfyUI's own workflow templates use for the same file. Written into the
-# loader node's properties.models, which both frontends' missing-models panel reads (name, url, directory).
+
+
+def hf(repository: str, path: str) -> str:
+    return f"{HF}/{repository}/resolve/main/{path}"
+
+
+# Every model file an example loads, per model family: the folder of ComfyUI/models/ it belongs in and where to
+# download it, from that family's own repositories (the official release, or Comfy-Org's repackaging of it at the
+# address ComfyUI's own workflow templates use). A file name two families share is listed under each with its own
+# family's address: Flux's VAE, ae.safetensors, is FLUX.1's, released with FLUX.1 [schnell] (the same file as
+# [dev]'s, without [dev]'s gated licence) although ComfyUI's Flux templates point at a copy in Lumina 2's
+# repository; Z-Image uses the same VAE and ships it in its own repository. Written into the loader node's
+# properties.models, which both frontends' missing-models panel reads (name, url, directory).
+FLUX_TEXT_ENCODERS = "comfyanonymous/flux_text_encoders"
+WAN21 = "Comfy-Org/Wan_2.1_ComfyUI_repackaged"
+QWEN_IMAGE = "Comfy-Org/Qwen-Image_ComfyUI"
+HUNYUAN_VIDEO15 = "Comfy-Org/HunyuanVideo_1.5_repackaged"
 MODEL_FILES = {
-    "flux1-dev.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/flux1-dev/resolve/main/flux1-dev.safetensors"),
-    "clip_l.safetensors": ("text_encoders", f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/clip_l.safetensors"),
-    "t5xxl_fp16.safetensors": ("text_encoders", f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/t5xxl_fp16.safetensors"),
-    "ae.safetensors": ("vae", f"{HF}/Comfy-Org/z_image_turbo/resolve/main/split_files/vae/ae.safetensors"),
-    "sd_xl_base_1.0.safetensors": ("checkpoints", f"{HF}/stabilityai/stable-diffusion-xl-base-1.0/resolve/main/sd_xl_base_1.0.safetensors"),
-    "wan2.1_t2v_1.3B_fp16.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors"),
-    "umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("text_encoders", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"),
-    "wan_2.1_vae.safetensors": ("vae", f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/vae/wan_2.1_vae.safetensors"),
-    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"),
-    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
-    "qwen_image_fp8_e4m3fn.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/diffusion_models/qwen_image_fp8_e4m3fn.safetensors"),
-    "qwen_2.5_vl_7b_fp8_scaled.safetensors": ("text_encoders", f"{HF}/Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors"),
-    "qwen_image_vae.safetensors": ("vae", f"{HF}/Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/vae/qwen_image_vae.safetensors"),
-    "hunyuanvideo1.5_720p_t2v_fp16.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/diffusion_models/hunyuanvideo1.5_720p_t2v_fp16.safetensors"),
-    "byt5_small_glyphxl_fp16.safetensors": ("text_encoders", f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/text_encoders/byt5_small_glyphxl_fp16.safetensors"),
-    "hunyuanvideo15_vae_fp16.safetensors": ("vae", f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/vae/hunyuanvideo15_vae_fp16.safetensors"),
-    "z_image_bf16.safetensors": ("diffusion_models", f"{HF}/Comfy-Org/z_image/resolve/main/split_files/diffusion_models/z_image_bf16.safetensors"),
-    "qwen_3_4b.safetensors": ("text_encoders", f"{HF}/Comfy-Org/z_image_turbo/resolve/main/split_files/text_encoders/qwen_3_4b.safetensors"),
-    "ltx-2-19b-dev-fp8.safetensors": ("checkpoints", f"{HF}/Lightricks/LTX-2/resolve/main/ltx-2-19b-dev-fp8.safetensors"),
-    "gemma_3_12B_it_fp4_mixed.safetensors": ("text_encoders", f"{HF}/Comfy-Org/ltx-2/resolve/main/split_files/text_encoders/gemma_3_12B_it_fp4_mixed.safetensors"),
+    "flux": {
+        "flux1-dev.safetensors": ("diffusion_models", hf("Comfy-Org/flux1-dev", "flux1-dev.safetensors")),
+        "clip_l.safetensors": ("text_encoders", hf(FLUX_TEXT_ENCODERS, "clip_l.safetensors")),
+        "t5xxl_fp16.safetensors": ("text_encoders", hf(FLUX_TEXT_ENCODERS, "t5xxl_fp16.safetensors")),
+        "ae.safetensors": ("vae", hf("black-forest-labs/FLUX.1-schnell", "ae.safetensors")),
+    },
+    "sdxl": {
+        "sd_xl_base_1.0.safetensors": ("checkpoints", hf("stabilityai/stable-diffusion-xl-base-1.0",
+                                                         "sd_xl_base_1.0.safetensors")),
+    },
+    "wan21": {
+        "wan2.1_t2v_1.3B_fp16.safetensors": ("diffusion_models", hf(WAN21, "split_files/diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors")),
+        "umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("text_encoders", hf(WAN21, "split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors")),
+        "wan_2.1_vae.safetensors": ("vae", hf(WAN21, "split_files/vae/wan_2.1_vae.safetensors")),
+    },
+    "wan22": {  # Wan 2.2 14B keeps Wan 2.1's text encoder and VAE
+        "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": ("diffusion_models", hf("Comfy-Org/Wan_2.2_ComfyUI_Repackaged", "split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors")),
+        "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": ("diffusion_models", hf("Comfy-Org/Wan_2.2_ComfyUI_Repackaged", "split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors")),
+        "umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("text_encoders", hf(WAN21, "split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors")),
+        "wan_2.1_vae.safetensors": ("vae", hf(WAN21, "split_files/vae/wan_2.1_vae.safetensors")),
+    },
+    "qwen_image": {
+        "qwen_image_fp8_e4m3fn.safetensors": ("diffusion_models", hf(QWEN_IMAGE, "split_files/diffusion_models/qwen_image_fp8_e4m3fn.safetensors")),
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors": ("text_encoders", hf(QWEN_IMAGE, "split_files/text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors")),
+        "qwen_image_vae.safetensors": ("vae", hf(QWEN_IMAGE, "split_files/vae/qwen_image_vae.safetensors")),
+    },
+    "hunyuan_video15": {  # its Qwen2.5-VL text encoder from its own repository, as ComfyUI's template has it
+        "hunyuanvideo1.5_720p_t2v_fp16.safetensors": ("diffusion_models", hf(HUNYUAN_VIDEO15, "split_files/diffusion_models/hunyuanvideo1.5_720p_t2v_fp16.safetensors")),
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors": ("text_encoders", hf(HUNYUAN_VIDEO15, "split_files/text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors")),
+        "byt5_small_glyphxl_fp16.safetensors": ("text_encoders", hf(HUNYUAN_VIDEO15, "split_files/text_encoders/byt5_small_glyphxl_fp16.safetensors")),
+        "hunyuanvideo15_vae_fp16.safetensors": ("vae", hf(HUNYUAN_VIDEO15, "split_files/vae/hunyuanvideo15_vae_fp16.safetensors")),
+    },
+    "z_image": {  # the text encoder and VAE in Z-Image Turbo's repository, as ComfyUI's Z-Image template has them
+        "z_image_bf16.safetensors": ("diffusion_models", hf("Comfy-Org/z_image", "split_files/diffusion_models/z_image_bf16.safetensors")),
+        "qwen_3_4b.safetensors": ("text_encoders", hf("Comfy-Org/z_image_turbo", "split_files/text_encoders/qwen_3_4b.safetensors")),
+        "ae.safetensors": ("vae", hf("Comfy-Org/z_image_turbo", "split_files/vae/ae.safetensors")),
+    },
+    "ltx2": {
+        "ltx-2-19b-dev-fp8.safetensors": ("checkpoints", hf("Lightricks/LTX-2", "ltx-2-19b-dev-fp8.safetensors")),
+        "gemma_3_12B_it_fp4_mixed.safetensors": ("text_encoders", hf("Comfy-Org/ltx-2", "split_files/text_encoders/gemma_3_12B_it_fp4_mixed.safetensors")),
+    },
 }
 
 
@@ -73,8 +108,10 @@ def models_note(lines: list[str]) -> dict:
 class Graph:
     """A workflow under construction: nodes with widget values by name, links by input name."""
 
-    def __init__(self, defs: dict):
+    def __init__(self, defs: dict, family: str | None = None):
+        """``family``: the key of MODEL_FILES that says where the model files this graph loads come from."""
         self.defs = defs
+        self.family = family
         self.nodes: list[dict] = []
         self.links: list[list] = []
 
@@ -138,12 +175,13 @@ class Graph:
             height = n["size"][1] if n["size"] else rows * SLOT_H + len(widgets) * WIDGET_H + 16
             properties = {"Node name for S&R": n["type"]}
             files = [v for v in widgets if isinstance(v, str) and v.endswith(MODEL_EXTENSIONS)]
-            unknown = [f for f in files if f not in MODEL_FILES]
+            known = MODEL_FILES.get(self.family, {})
+            unknown = [f for f in files if f not in known]
             if unknown:
-                raise ValueError(f"{n['type']}: add {unknown} to MODEL_FILES (folder and download address)")
+                raise ValueError(f"{n['type']}: add {unknown} to MODEL_FILES[{self.family!r}] (folder and download "
+                                 f"address, in that family's repositories)")
             if files:
-                properties["models"] = [{"name": f, "url": MODEL_FILES[f][1], "directory": MODEL_FILES[f][0]}
-                                        for f in files]
+                properties["models"] = [{"name": f, "url": known[f][1], "directory": known[f][0]} for f in files]
             node = {"id": n["id"], "type": n["type"], "pos": n["pos"], "size": [width, height], "flags": {},
                     "order": 0, "mode": 0, "inputs": sockets, "outputs": outputs,
                     "properties": properties, "widgets_values": widgets}
@@ -189,7 +227,7 @@ SAMPLER = ("#232", "#353")
 
 
 def flux_dbcache_taylorseer(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "flux")
     unet = g.add("UNETLoader", (40, 80), {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"})
     clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
                                                "type": "flux", "device": "default"})
@@ -223,7 +261,7 @@ def flux_dbcache_taylorseer(defs) -> dict:
 
 
 def wan21_adaptive_cache(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "wan21")
     unet = g.add("UNETLoader", (40, 80), {"unet_name": "wan2.1_t2v_1.3B_fp16.safetensors", "weight_dtype": "default"})
     clip = g.add("CLIPLoader", (40, 220), {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan",
                                            "device": "default"})
@@ -257,7 +295,7 @@ def wan21_adaptive_cache(defs) -> dict:
 
 
 def sdxl_adaptive_cache(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "sdxl")
     ckpt = g.add("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "sd_xl_base_1.0.safetensors"})
     pos = g.add("CLIPTextEncode", (400, 80), {"text": "a lighthouse on a cliff at dusk, dramatic clouds, oil painting"},
                 title="Prompt", size=[400, 160])
@@ -283,7 +321,7 @@ def sdxl_adaptive_cache(defs) -> dict:
 
 
 def apply_interceptors_custom_advanced(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "flux")
     unet = g.add("UNETLoader", (40, 80), {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"})
     clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
                                                "type": "flux", "device": "default"})
@@ -340,7 +378,7 @@ def tiny_digits_tuning_plot(defs) -> dict:
 
 
 def wan22_two_stage_first_block_cache(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "wan22")
     high = g.add("UNETLoader", (40, 80), {"unet_name": "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
                                          "weight_dtype": "default"}, title="High-noise model")
     low = g.add("UNETLoader", (40, 220), {"unet_name": "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
@@ -396,7 +434,7 @@ def wan22_two_stage_first_block_cache(defs) -> dict:
 
 
 def qwen_image_magcache_calibrate(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "qwen_image")
     unet = g.add("UNETLoader", (40, 80), {"unet_name": "qwen_image_fp8_e4m3fn.safetensors", "weight_dtype": "default"})
     clip = g.add("CLIPLoader", (40, 220), {"clip_name": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "type": "qwen_image",
                                            "device": "default"})
@@ -433,7 +471,7 @@ def qwen_image_magcache_calibrate(defs) -> dict:
 
 
 def hunyuan_video15_first_block_cache(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "hunyuan_video15")
     unet = g.add("UNETLoader", (40, 80), {"unet_name": "hunyuanvideo1.5_720p_t2v_fp16.safetensors",
                                          "weight_dtype": "default"})
     clip = g.add("DualCLIPLoader", (40, 220), {"clip_name1": "qwen_2.5_vl_7b_fp8_scaled.safetensors",
@@ -471,7 +509,7 @@ def hunyuan_video15_first_block_cache(defs) -> dict:
 
 
 def z_image_fixed_cadence_taylorseer(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "z_image")
     unet = g.add("UNETLoader", (40, 80), {"unet_name": "z_image_bf16.safetensors", "weight_dtype": "default"})
     clip = g.add("CLIPLoader", (40, 220), {"clip_name": "qwen_3_4b.safetensors", "type": "lumina2", "device": "default"})
     vae = g.add("VAELoader", (40, 380), {"vae_name": "ae.safetensors"})
@@ -502,7 +540,7 @@ def z_image_fixed_cadence_taylorseer(defs) -> dict:
 
 
 def ltx2_first_block_cache(defs) -> dict:
-    g = Graph(defs)
+    g = Graph(defs, "ltx2")
     ckpt = g.add("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "ltx-2-19b-dev-fp8.safetensors"})
     text = g.add("LTXAVTextEncoderLoader", (40, 240), {"text_encoder": "gemma_3_12B_it_fp4_mixed.safetensors",
                                                        "ckpt_name": "ltx-2-19b-dev-fp8.safetensors", "device": "default"})
