@@ -16,7 +16,8 @@ A few things read what ComfyUI does not offer as an interface, each checked wher
   its methods run the blocks: :func:`model_card`); an unknown class gets whole-model caching only;
 * the Guidance Cache works with the standard guider only, told by ``CFGGuider.predict_noise`` being the
   guider's own (:func:`conflicts.check_guider`);
-* other caches are told by their wrapper keys (EasyCache, LazyCache) and a compiled model by the key
+* other caches are told by their wrapper keys (EasyCache, LazyCache) or the key their state sits under in
+  ``transformer_options`` (Kandinsky 6's MagCache), and a compiled model by the key
   ``comfy_api``'s TorchCompileModel uses (:func:`conflicts.other_cache`, :func:`conflicts.compiled`);
 * a context window's frames (``transformer_options["context_window"].index_list``), the sampler's
   function name (:func:`install.sampler_identity`) and Wan CausalAR's KV-cache state

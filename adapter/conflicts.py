@@ -12,6 +12,10 @@ from .keys import STATE_KEY
 # ComfyUI core patches that conflict with a chain: (transformer_options key or wrapper key, what to call it).
 OTHER_CACHES = (("easycache", "ComfyUI's EasyCache"), ("lazycache", "ComfyUI's LazyCache"),
                 ("teacache", "Raylight's TeaCache"))  # Raylight's EasyCache port uses the "easycache" key too
+# Caches whose state a node puts into transformer_options for the diffusion model's own forward to read:
+# (key, what to call it). Kandinsky 6's forward (comfy/ldm/kandinsky6/model.py of ComfyUI v0.34-v0.38) skips its text and
+# visual blocks itself when its MagCache node set "k6_magcache".
+OPTION_CACHES = (("k6_magcache", "Kandinsky 6's MagCache"),)
 # The autoregressive video sampler (comfy_extras SamplerARVideo, ``sample_ar_video``) puts its KV caches here for
 # the length of a run. Every forward appends the frame block's keys and values to them and the sampler rolls them
 # back after every step, whether the forward ran or not: a skipped forward would leave them short (and attention
@@ -28,7 +32,8 @@ def _wrapper_keys(wrappers: dict) -> set:
 
 
 def other_cache(model_options: dict, wrappers: dict) -> str | None:
-    """The name of a core caching patch already on the model (EasyCache, LazyCache), or None."""
+    """The name of another caching patch already on the model (EasyCache, LazyCache, Raylight's TeaCache,
+    Kandinsky 6's MagCache), or None."""
     options = model_options.get("transformer_options", {})
     keys = _wrapper_keys(wrappers) | _wrapper_keys(options.get("wrappers", {}))
     holder = options.get("easycache")
@@ -36,6 +41,9 @@ def other_cache(model_options: dict, wrappers: dict) -> str | None:
         return "ComfyUI's LazyCache"
     for key, name in OTHER_CACHES:
         if key in keys or (key == "easycache" and holder is not None):
+            return name
+    for key, name in OPTION_CACHES:
+        if options.get(key) is not None:
             return name
     return None
 

@@ -176,6 +176,30 @@ FAMILIES: dict[str, FamilySpec] = {
         "its block caching has not been verified yet")),
     # Boogu (an Omnigen2) has no block slots.
     "Boogu": FamilySpec("boogu", (), None, None, blocks_off="its forward has no block-replacement slots"),
+    # Families ComfyUI v0.34-v0.38 added, as read in their code (comfy/ldm/*/model.py, model_base.py) and not yet
+    # run against a tree of those versions (docs/families-after-0.33.md). None runs a block loop the pack knows.
+    # Qwen-Image 2.1 (model_base.QwenImage21 subclasses QwenImage, with a diffusion model of its own): its loop
+    # offers ("single_block", i) slots handing over and taking back "img" (prefix and target rows), but it keeps
+    # the prompt and reference rows' K/V for the whole run only while no slot is registered, as HiDream-O1 does.
+    "QwenImage21": FamilySpec("qwen_image21", (), None, None, blocks_off=(
+        "registering any of its block slots turns off its prompt-and-reference K/V cache (on by default), so "
+        "every step would recompute the whole prompt and every reference image")),
+    # Ming-Image (model_base.MingImage subclasses Lumina2): Lumina 2's NextDiT, whose layer loop only calls
+    # "double_block" patches after each layer and never consults patches_replace.
+    "MingImage": FamilySpec("ming_image", (), None, None, blocks_off=(
+        "its block loop (Lumina 2's NextDiT) has no block-replacement slots")),
+    # SenseNova-U1.5: a language model whose decoder layers (language_model.model.layers) run the image tokens
+    # against the prompt's K/V prefix, never consulting patches_replace.
+    "SenseNovaU15": FamilySpec("sensenova_u15", (), None, None, blocks_off=(
+        "its decoder layers run the image tokens against the prompt's key/value prefix in a loop that never "
+        "consults ComfyUI's block-replacement slots")),
+    # Kandinsky 6 (video + audio): ("double_block", i) slots, but they hand over and take back two streams named
+    # "visual" and "audio", a layout no card has been verified on; its MagCache node caches inside the forward.
+    "Kandinsky6": FamilySpec("kandinsky6", (), None, None, blocks_off=(
+        "its fused video-audio blocks take and return 'visual' and 'audio' streams, a block-slot layout the "
+        "pack has not been verified on")),
+    # Prism (audio-video, two video experts): fused and remaining blocks run without any block slot.
+    "Prism": FamilySpec("prism", (), None, None, blocks_off="its forward has no block-replacement slots"),
 }
 
 # supported_models config classes that ComfyUI itself knows to be step-distilled; a config matches when one of

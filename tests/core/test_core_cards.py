@@ -133,3 +133,69 @@ def test_distilled_configs_match_the_whole_config_mro(config, settings, expected
 ])
 def test_not_distilled(config, settings):
     assert ic.build_card(("Model", "BaseModel"), config, config_settings=settings).distilled is None
+
+
+# The families ComfyUI v0.34-v0.38 added, as their model classes and diffusion models are named there
+# (docs/families-after-0.33.md): model-class MRO, block lists the loaded model would have, its diffusion model,
+# the family and a word of the reason it is kept at whole-model level.
+AFTER_033 = [
+    (("QwenImage21", "QwenImage", "BaseModel"), {"transformer_blocks": 3},
+     ic.DiffusionFacts(("QwenImage21Transformer2DModel",), (("forward", "QwenImage21Transformer2DModel"),
+                                                             ("_forward", "QwenImage21Transformer2DModel"))),
+     "qwen_image21", "K/V cache"),
+    (("MingImage", "Lumina2", "BaseModel"), {"layers": 3, "noise_refiner": 1, "context_refiner": 1},
+     ic.DiffusionFacts(("NextDiT",), (("forward", "NextDiT"), ("_forward", "NextDiT"))),
+     "ming_image", "no block-replacement slots"),
+    (("SenseNovaU15", "BaseModel"), {},
+     ic.DiffusionFacts(("SenseNovaU15",), (("forward", "SenseNovaU15"), ("_forward", "SenseNovaU15"))),
+     "sensenova_u15", "never consults"),
+    (("Kandinsky6", "Kandinsky5", "BaseModel"), {"visual_blocks": 3, "video_text_transformer_blocks": 1},
+     ic.DiffusionFacts(("Kandinsky6NativeAVDiT", "Kandinsky6"), (("_forward", "Kandinsky6NativeAVDiT"),
+                                                                  ("forward", "Kandinsky6"))),
+     "kandinsky6", "'visual' and 'audio'"),
+    (("Prism", "BaseModel"), {"fusion_blocks": 3, "remaining_video_blocks": 1},
+     ic.DiffusionFacts(("Prism",), (("forward", "Prism"),)), "prism", "no block-replacement slots"),
+]
+
+
+@pytest.mark.parametrize("mro, counts, diffusion, family, why", AFTER_033, ids=[row[0][0] for row in AFTER_033])
+def test_families_after_033_get_their_own_card_at_whole_model_level_with_a_reason(mro, counts, diffusion, family,
+                                                                                  why):
+    """Each new family maps to its own card, not its parent's (Qwen-Image's, Lumina 2's, Kandinsky 5's), and is
+    offered whole-model caching only: a block-level node is refused with the family's own reason, while a
+    whole-model node is accepted."""
+    card = ic.build_card(mro, mro[0], group_counts=counts, diffusion=diffusion, signals=SIGNALS)
+    assert card.family == family and card.name == mro[0]
+    assert card.levels == frozenset({ic.Granularity.MODEL}) and card.groups == () and card.total_blocks == 0
+    assert card.blocks_off is not None and mro[0] in card.blocks_off and why in card.blocks_off
+    assert card.teacache is None and card.magcache is None and card.signals == frozenset()
+    assert not card.offers(ic.Granularity.BLOCKS) and card.offers(ic.Granularity.MODEL)
+    with pytest.raises(ic.ChainError) as e:
+        block_decider().validate_for(card, allow_distilled=True)
+    assert "node 4" in str(e.value) and card.blocks_off in str(e.value)
+    ic.InterceptorChain.of([ic.FixedCadence(node="Fixed Cadence (node 5)")]).validate_for(card)
+
+
+def test_qwen_image21_does_not_inherit_qwen_images_block_layout():
+    """Qwen-Image 2.1's model class subclasses Qwen-Image's and its blocks sit under the same attribute, but its own
+    entry decides: Qwen-Image's ("double_block", img + txt) layout is never applied to its single-stream blocks."""
+    qwen = ic.build_card(("QwenImage", "BaseModel"), "QwenImage", group_counts={"transformer_blocks": 3})
+    assert [(g.name, g.outputs) for g in qwen.groups] == [("double_block", ("img", "txt"))]
+    card = ic.build_card(("QwenImage21", "QwenImage", "BaseModel"), "QwenImage21",
+                         group_counts={"transformer_blocks": 3})
+    assert card.family == "qwen_image21" and card.groups == ()
+    # even if its diffusion model were Qwen-Image's own, the entry of the class itself wins
+    same = ic.DiffusionFacts(("QwenImageTransformer2DModel",), (("forward", "QwenImageTransformer2DModel"),))
+    card = ic.build_card(("QwenImage21", "QwenImage", "BaseModel"), group_counts={"transformer_blocks": 3},
+                         diffusion=same)
+    assert card.family == "qwen_image21" and ic.Granularity.BLOCKS not in card.levels
+
+
+def test_a_later_subclass_of_a_new_family_keeps_its_reason():
+    """A class ComfyUI might derive from one of them later is carded by its closest known ancestor, and keeps that
+    family's reason under its own name."""
+    card = ic.build_card(("QwenImage21Edit", "QwenImage21", "QwenImage", "BaseModel"),
+                         group_counts={"transformer_blocks": 3})
+    assert card.family == "qwen_image21" and card.levels == frozenset({ic.Granularity.MODEL})
+    assert card.blocks_off.startswith("transformer-block caching is off for QwenImage21Edit") \
+        and "K/V cache" in card.blocks_off

@@ -444,6 +444,28 @@ def test_core_easycache_on_the_same_model_is_refused_with_a_message(comfy, kind,
     assert CAPTURED["work"]["forwards"] == 0
 
 
+def test_a_cache_the_forward_runs_itself_from_the_options_is_refused_with_a_message(comfy):
+    """Kandinsky 6's MagCache node (ComfyUI v0.34-v0.38) puts its state under transformer_options["k6_magcache"] and
+    the diffusion model's forward skips its own blocks with it: a chain on the same model would cache it a second
+    time. Refused when the chain is installed and again when a run starts with the key in its options; a model
+    without the key is left alone."""
+    import tiny_configs
+    ic, adapter = comfy.module("interceptors"), comfy.module("adapter")
+    model = tiny_configs.build("Flux")
+    chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2, node="Fixed Cadence (node fc)")])
+    adapter.install(model, chain)  # no other cache: installed
+    cached = model.clone()
+    cached.model_options.setdefault("transformer_options", {})["k6_magcache"] = object()
+    with pytest.raises(ic.ChainError) as e:
+        adapter.install(cached, chain)
+    assert "Kandinsky 6's MagCache" in str(e.value) and "Fixed Cadence (node fc)" in str(e.value)
+    assert "k6_magcache" not in model.model_options.get("transformer_options", {})
+    # what the OUTER_SAMPLE wrapper checks when a run starts (the guider's options, every patch merged)
+    problems = adapter.conflicts.conflicts_of(chain, cached.model_options, {})
+    assert len(problems) == 1 and "Kandinsky 6's MagCache" in problems[0]
+    assert adapter.conflicts.conflicts_of(chain, model.model_options, {}) == []
+
+
 def test_core_easycache_alone_through_the_cached_sampler_is_left_alone(comfy):
     """With nothing connected to 'interceptors' the Cached Sampler is KSampler, EasyCache included."""
     ks, _ = sampled(comfy, sampler="KSampler", model_patch=core_cache())

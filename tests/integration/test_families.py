@@ -238,3 +238,52 @@ def test_families_doc_is_what_the_generator_writes_for_this_comfyui(comfy):
         pytest.skip("docs/families.md is written for the newest ComfyUI, whose configs differ from this one's")
     assert committed == families_table.render(comfy.module("adapter"), comfy.version), (
         "docs/families.md is out of date: run python3 tools/generate/families_table.py")
+
+
+def test_minimax_h3_forwards_that_run_get_the_samplers_whole_schedule(comfy, monkeypatch):
+    """From ComfyUI v0.34 MiniMax-H3's final layer takes ``sigma, sample_sigmas, shifts``: a checkpoint with a bank of
+    output heads picks them by where the forward's sigma sits in ``transformer_options["sample_sigmas"]`` (the entry
+    nearest to it and the one after) and fails without it. Whatever the pack skips, every forward it lets run must
+    reach the diffusion model as in plain sampling: the sampler's whole schedule in its options and a sigma that is
+    one of its entries (docs/families-after-0.33.md)."""
+    if "MiniMaxH3" not in CONFIGS:
+        pytest.skip("this ComfyUI has no MiniMaxH3 config")
+    _skip_unbuilt("MiniMaxH3")
+    import comfy.ldm.minimax.model as minimax
+    seen = []
+    original = minimax.MiniMaxH3Model._forward
+
+    def recording(self, x, timestep, context, transformer_options={}, **kwargs):
+        schedule = transformer_options.get("sample_sigmas")
+        seen.append((float(timestep.flatten()[0]) / 1000.0,
+                     None if schedule is None else tuple(float(s) for s in schedule)))
+        return original(self, x, timestep, context, transformer_options, **kwargs)
+
+    monkeypatch.setattr(minimax.MiniMaxH3Model, "_forward", recording)
+
+    def forwards(chain_node=None, **inputs):
+        seen.clear()
+        prompt = {
+            "model": {"class_type": "TestTinyConfigModel", "inputs": {"config": "MiniMaxH3", "seed": 0}},
+            "cond": {"class_type": "TestTinyConfigConditioning", "inputs": {"config": "MiniMaxH3"}},
+            "latent": {"class_type": "TestTinyConfigLatent", "inputs": {"config": "MiniMaxH3"}},
+        }
+        chain = graphs.config(prompt, "method", chain_node, **inputs) if chain_node else None
+        graphs.sampler(prompt, "CachedSampler" if chain else "KSampler", chain=chain, steps=6, cfg=3.0)
+        _, ui = comfy.run(prompt)
+        if chain:  # the Guidance Cache leaves the negative branch out of some evaluations, skipping no step
+            assert ui["sampler"]["cached_sampler"][0]["runs"][0]["work_saved"] > 0, chain_node
+        return list(seen)
+
+    plain = forwards()
+    schedule = plain[0][1]
+    assert schedule is not None and len(schedule) == 7 and all(s == schedule for _, s in plain)
+    guidance = dict(interval=2, mode="cadence", threshold=0.0, estimate="difference", **WINDOW)
+    for node, inputs in [(METHODS["cadence"][0], METHODS["cadence"][2]), (METHODS["adaptive"][0],
+                                                                           METHODS["adaptive"][2]),
+                         ("CachedSamplerGuidanceCache", guidance)]:
+        cached = forwards(node, **inputs)
+        assert 0 < len(cached) < len(plain), node
+        for sigma, given in cached:
+            assert given == schedule, f"{node} ran a forward without the sampler's schedule: {given}"
+            assert min(abs(sigma - s) for s in schedule) <= 1e-4 * max(sigma, 1e-3), (node, sigma, schedule)
