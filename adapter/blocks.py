@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..interceptors import ChainError, LoopState, ModelCard
 from ..interceptors.engine import BlockPlan, as_outputs, block_call
-from .conflicts import active_run
+from .conflicts import COMPILER_NOTE, active_run, compiler_recording
 
 
 def adds_between_blocks(card: ModelCard, control, transformer_options: dict, inputs: dict) -> bool:
@@ -35,9 +35,13 @@ def install_blocks(model, card: ModelCard, plan: BlockPlan, modulated=None) -> N
 
 
 def _first_block(run: LoopState, args: dict, stream: str) -> None:
-    """What the forward's first block tells about parallelism: the token shard this rank holds, and whether
-    the blocks see every branch of the batch (not under CFG-parallel, where each rank runs one branch)."""
+    """What the forward's first block tells: the token shard this rank holds, whether the blocks see every branch
+    of the batch (not under CFG-parallel, where each rank runs one branch), and whether the Comfy Compiler is
+    recording the forward (its blocks then all run, and nothing is kept between them)."""
     forward, tokens = run.current_forward, args[stream]
+    if forward is not None and forward.cacheable and compiler_recording():
+        forward.cacheable = False
+        run.note(COMPILER_NOTE)
     if run.group is not None and tokens.ndim >= 3:
         run.group.observe_shard(tokens.shape[1], (args.get("transformer_options") or {}).get("grid_sizes"))
     if forward is not None and forward.cacheable and forward.split(tokens) is None:

@@ -3,6 +3,9 @@ options: other caches, a compiled model, the native multi-GPU path, a sampler th
 with its own conds layout, other patches holding the pack's block slots."""
 from __future__ import annotations
 
+import sys
+import threading
+
 import comfy.samplers
 
 from ..interceptors import Granularity, InterceptorChain, LoopState
@@ -89,6 +92,23 @@ def multigpu_note(model_options: dict) -> str:
             f" at once, one thread each: caching was switched off for the run, every step was "
             f"computed in full and the output is plain sampling's. To cache, sample on one device (without "
             f"MultiGPU CFG Split).")
+
+
+def compiler_recording() -> bool:
+    """Whether ComfyUI's Comfy Compiler (v0.34 and later, comfy/model_prefetch.py) is recording this thread's model
+    forward now. It records a forward's allocations and its block sequence once and replays them on the next
+    forward; a forward that skips blocks, or allocates caches between them, breaks the recording (a peer's step
+    cache crashed there). Read as core's own ``pause_malloc_graph`` reads it; False on a ComfyUI without it."""
+    prefetch = sys.modules.get("comfy.model_prefetch")
+    graphs = getattr(prefetch, "MALLOC_GRAPHS", None)
+    graph = graphs.get(threading.get_ident()) if isinstance(graphs, dict) else None
+    return graph is not None and bool(getattr(graph, "_comfy_active", False))
+
+
+COMPILER_NOTE = ("ComfyUI's Comfy Compiler recorded this model's forward (it replays each step's allocations and "
+                 "block sequence), so the transformer blocks were computed in full there: skipping them would break "
+                 "its recording. Whole-model methods (Fixed Cadence, Adaptive Cache, Auto Calibrate) skip outside "
+                 "it and work; or start ComfyUI with --disable-comfy-compiler for block caching.")
 
 
 def active_run(transformer_options: dict) -> LoopState | None:

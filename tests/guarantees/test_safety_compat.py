@@ -483,3 +483,79 @@ def test_controlnet_window_that_opens_or_closes_mid_run_is_not_replayed_stale(co
     cached_plain, _ = sampled(comfy, chain=dbcache)
     assert computed_fraction(ui)[0] < STEPS, ui
     assert (cached - exact).norm() < 1.2 * (cached_plain - exact_plain).norm()
+
+
+# ------------------------------------------------- what else runs to go fast: attention overrides, the compiler --
+
+def _direct(comfy, chain=None, options=None, skips=True):
+    """The tiny Flux sampled through ComfyUI's KSampler path with ``chain`` installed (None: plain), counted at the
+    model; ``options`` go into its transformer_options first. (output, work, the run's summary or None)."""
+    import nodes
+    from devkit.work_nodes import count_work
+    adapter = comfy.module("adapter")
+    model = tiny_models.build("flux")
+    model.model_options.setdefault("transformer_options", {}).update(options or {})
+    work: dict = {}
+    model = count_work(model, work, tiny_models.block_groups("flux"))
+    summaries = []
+    if chain is not None:
+        model = adapter.install(model, chain, on_run_end=lambda run, summary: summaries.append(summary))
+    positive, negative = tiny_models.conditioning("flux", seed=1)
+    (out,) = nodes.common_ksampler(model, 3, STEPS, 3.0, "euler", "simple", positive, negative,
+                                   tiny_models.latent("flux", seed=5))
+    return out["samples"], work, summaries[0] if summaries else None
+
+
+def _skipping(ic, threshold=50.0):
+    return ic.InterceptorChain.of([ic.FirstBlockCache(threshold=threshold, warmup=0.0, start_percent=0.0,
+                                                      end_percent=1.0, max_consecutive_cached=2)])
+
+
+def test_an_attention_override_installed_before_the_pack_runs_in_every_block_that_runs(comfy):
+    """Another node's attention override (core's Model Sparse Attention installs one, stacked on any before it) is
+    left where it is: with nothing skipped the cached run equals KSampler's with the override, and when blocks are
+    skipped it is called by exactly the blocks that ran."""
+    ic = comfy.module("interceptors")
+    calls = []
+
+    def halving(func, *args, **kwargs):  # changes the output, so taking it off would show
+        calls.append(1)
+        return func(*args, **kwargs) * 0.5
+
+    plain, plain_work, _ = _direct(comfy, options={"optimized_attention_override": halving})
+    plain_calls = len(calls)
+    without, _, _ = _direct(comfy)
+    assert plain_calls > 0 and not torch.equal(plain, without), "the override must act for the test to mean anything"
+    calls.clear()
+    same, _, _ = _direct(comfy, _skipping(ic, threshold=0.0), options={"optimized_attention_override": halving})
+    assert torch.equal(same, plain) and len(calls) == plain_calls
+    calls.clear()
+    cached, work, summary = _direct(comfy, _skipping(ic), options={"optimized_attention_override": halving})
+    assert work["blocks"] < plain_work["blocks"] and summary.acted, (work, plain_work)
+    assert len(calls) * plain_work["blocks"] == plain_calls * work["blocks"], (len(calls), plain_calls, work)
+
+
+@pytest.mark.parametrize("recording", [True, False])
+def test_a_forward_the_comfy_compiler_records_runs_every_block_and_says_so(comfy, monkeypatch, recording):
+    """ComfyUI's Comfy Compiler (v0.34 and later) records a forward's allocations and block sequence and replays
+    them: a recorded forward runs every block, keeps nothing between them and is bit-identical to the plain run, and
+    the node says why; when its graph is not active (a ComfyUI without the compiler, or started with
+    --disable-comfy-compiler), blocks are skipped as before. The compiler's state is given as comfy/model_prefetch.py
+    of those versions keeps it: a graph per thread, active while it records."""
+    import importlib
+    import threading
+    import types
+    ic = comfy.module("interceptors")
+    try:
+        prefetch = importlib.import_module("comfy.model_prefetch")
+    except ImportError:
+        pytest.skip("this ComfyUI has no comfy/model_prefetch.py (added after v0.8.0)")
+    graph = types.SimpleNamespace(_comfy_active=recording)
+    monkeypatch.setattr(prefetch, "MALLOC_GRAPHS", {threading.get_ident(): graph}, raising=False)
+    plain, plain_work, _ = _direct(comfy)
+    cached, work, summary = _direct(comfy, _skipping(ic))
+    noted = any("Comfy Compiler" in n for n in summary.notes)
+    if recording:
+        assert torch.equal(cached, plain) and work["blocks"] == plain_work["blocks"] and noted, summary.notes
+    else:
+        assert work["blocks"] < plain_work["blocks"] and not noted, (work, summary.notes)
