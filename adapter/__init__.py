@@ -45,9 +45,11 @@ run is switched off at its first evaluation with a note, and every hook hands it
 
 A chain is refused, before anything is sampled, where it could not be right: on a model that ComfyUI's
 EasyCache/LazyCache already caches, and, for interceptors that work inside the transformer blocks, on a
-model compiled by TorchCompileModel (whose compile wrapper drops the guards on transformer_options, so the
-compiled blocks would ignore or freeze the per-step decisions). Both are checked when the chain is installed
-and again when each run starts, since either patch can be applied after Apply Interceptors.
+model compiled whole by TorchCompileModel after the chain was installed (whose compile wrapper drops the guards
+on transformer_options, so the compiled blocks would ignore or freeze the per-step decisions). A model compiled
+before is compiled block by block on the pack's clone instead (:mod:`.compiled_blocks`). Both are checked when
+the chain is installed and again when each run starts, since either patch can be applied after Apply
+Interceptors.
 """
 from __future__ import annotations
 

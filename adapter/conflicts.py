@@ -58,8 +58,9 @@ def compiled(model_options: dict, wrappers: dict) -> bool:
     return COMPILE_WRAPPER_KEY in keys or COMPILE_OPTIONS_KEY in model_options
 
 
-def conflicts_of(chain: InterceptorChain, model_options: dict, wrappers: dict) -> list[str]:
-    """What else on the model makes this chain unsafe to run (empty when nothing does)."""
+def conflicts_of(chain: InterceptorChain, model_options: dict, wrappers: dict, blocks_apart: bool = False) -> list[str]:
+    """What else on the model makes this chain unsafe to run (empty when nothing does). ``blocks_apart``: a compiled
+    model's blocks are (or will be) compiled one by one (adapter/compiled_blocks.py), outside which the decisions run."""
     problems = []
     other = other_cache(model_options, wrappers)
     if other is not None:
@@ -69,7 +70,7 @@ def conflicts_of(chain: InterceptorChain, model_options: dict, wrappers: dict) -
             f"skip work the other relies on. Remove the {other.split()[-1]} node or the caching nodes of this "
             f"chain.")
     if compiled(model_options, wrappers):
-        problems.extend(chain.compile_problems("TorchCompileModel"))
+        problems.extend(chain.compile_problems("TorchCompileModel", blocks_apart=blocks_apart))
     return problems
 
 

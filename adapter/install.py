@@ -10,7 +10,7 @@ from comfy.patcher_extension import WrappersMP
 from ..interceptors import ChainError, Granularity, InterceptorChain, LoopState, NaNWatch, summarize
 from ..interceptors.distributed import RankGroup
 from ..interceptors.engine import BlockPlan, guided_batch, model_forward
-from . import conflicts
+from . import compiled_blocks, conflicts
 from .blocks import adds_between_blocks, install_blocks, remove_blocks
 from .cards import model_card, signal_probe
 from .keys import CHAIN_KEY, STATE_KEY, WRAPPER_KEY, installed_chain
@@ -38,12 +38,15 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             "caching nodes to one place only, either Apply Interceptors or the sampler's 'interceptors' input.")
     card = model_card(model)
     chain.validate_for(card, allow_distilled=allow_distilled)
-    problems = conflicts.conflicts_of(chain, model.model_options, model.wrappers)
+    compile_apart = compiled_blocks.will_compile_blocks(chain, card, model)
+    problems = conflicts.conflicts_of(chain, model.model_options, model.wrappers, blocks_apart=compile_apart)
     if problems:
         raise ChainError("\n".join(problems))
     decider = chain.decider(Granularity.BLOCKS)
     modulated = signal_probe(card, model, decider) if decider is not None else None
     patched = model.clone()
+    if compile_apart:
+        compiled_blocks.compile_blocks(patched, card)
     patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
     observers = [NaNWatch()]
     block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
@@ -55,7 +58,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         guider = executor.class_obj
         # EasyCache or TorchCompileModel may have been applied after Apply Interceptors: check again, before
         # anything is sampled (ComfyUI has merged every wrapper of the model into the run's options by now).
-        problems = conflicts.conflicts_of(chain, guider.model_options, {})
+        problems = conflicts.conflicts_of(chain, guider.model_options, {},
+                                          blocks_apart=compiled_blocks.blocks_compiled_apart(guider.model_options, {}))
         if problems:
             raise ChainError("\n".join(problems))
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]

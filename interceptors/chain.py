@@ -116,15 +116,17 @@ class InterceptorChain:
         if problems:
             raise ChainError("\n".join(problems))
 
-    def compile_problems(self, compiler: str) -> list[str]:
+    def compile_problems(self, compiler: str, blocks_apart: bool = False) -> list[str]:
         """Why this chain cannot run on a model that ``compiler`` compiled (empty when it can).
 
         Whole-model interceptors run around the compiled diffusion model and are unaffected. Interceptors
         that work inside the transformer blocks (and any that declare ``compile_safe = False``) would run
-        inside the compiled graph, where ComfyUI's compile wrapper does not re-check the per-step state they
-        keep: the compiled blocks would silently ignore or freeze their decisions.
+        inside a whole compiled graph, where ComfyUI's compile wrapper does not re-check the per-step state they
+        keep: the compiled blocks would silently ignore or freeze their decisions. With ``blocks_apart`` each
+        block is a graph of its own and the decisions run between them, so block-level interceptors run too.
         """
-        unsafe = [ic for ic in self.interceptors if not ic.compile_safe or ic.granularity == Granularity.BLOCKS]
+        unsafe = [ic for ic in self.interceptors if not ic.compile_safe
+                  or (ic.granularity == Granularity.BLOCKS and not blocks_apart)]
         if not unsafe:
             return []
         names = ", ".join(f"{ic.label} ({ic.display_name})" for ic in unsafe)
