@@ -8,7 +8,7 @@ import threading
 
 import comfy.samplers
 
-from ..interceptors import Granularity, InterceptorChain, LoopState
+from ..interceptors import Granularity, InterceptorChain, LoopState, Signal
 from .keys import STATE_KEY
 
 
@@ -85,14 +85,28 @@ def native_multigpu(model_options: dict) -> bool:
     return MULTIGPU_CLONES_KEY in model_options
 
 
-def multigpu_note(model_options: dict) -> str:
+def multigpu_note(model_options: dict, deciders=()) -> str:
     devices = model_options.get(MULTIGPU_CLONES_KEY) or {}
     where = f" ({', '.join(str(d) for d in devices)})" if devices else ""
     count = len(devices) or "several"
+    why = (f": {', '.join(d.label for d in deciders)} decide{'s' if len(deciders) == 1 else ''} from what the model "
+           f"computes in each call, and the devices' calls run at once, each with one branch" if deciders else "")
     return (f"ComfyUI's native multi-GPU (MultiGPU CFG Split) ran this run's conditionings on {count} devices{where}"
-            f" at once, one thread each: caching was switched off for the run, every step was "
-            f"computed in full and the output is plain sampling's. To cache, sample on one device (without "
-            f"MultiGPU CFG Split).")
+            f" at once, one thread each{why}: caching was switched off for the run, every step was "
+            f"computed in full and the output is plain sampling's. Methods that decide from the schedule (Fixed "
+            f"Cadence, MagCache, Auto Calibrate, the Guidance Cache) cache there; or sample on one device.")
+
+
+def share_decisions(run: LoopState, model_options: dict) -> None:
+    """Under the native multi-GPU path, the devices' threads run the branches of an evaluation at once. Deciders
+    that decide from the schedule alone decide each evaluation before them, on the sampler's thread, and the
+    threads share the decision (as the branches of one batched forward do); a decider that measures what the
+    model computes would decide on one device's branch, whichever came first: the run is switched off then."""
+    measuring = [d for d in run.chain.deciders if d.signal not in (Signal.NONE, Signal.GUIDANCE)]
+    if measuring:
+        run.switch_off(multigpu_note(model_options, measuring))
+    else:
+        run.decided_ahead = True
 
 
 def compiler_recording() -> bool:
@@ -114,11 +128,12 @@ COMPILER_NOTE = ("ComfyUI's Comfy Compiler recorded this model's forward (it rep
 
 def active_run(transformer_options: dict) -> LoopState | None:
     """The run a forward or block may cache for, or None: no run, caching switched off for it, or a forward
-    that a multi-GPU worker thread runs (never cached; switches the run off if nothing had yet)."""
+    that a multi-GPU worker thread runs in a run whose decisions are not shared (:func:`share_decisions`; the
+    first such forward switches the run off, before anything is cached)."""
     run = transformer_options.get(STATE_KEY)
     if run is None or run.off:
         return None
-    if MULTIGPU_DEVICE_KEY in transformer_options:
+    if MULTIGPU_DEVICE_KEY in transformer_options and not run.decided_ahead:
         run.switch_off(multigpu_note({}))
         return None
     return run

@@ -103,12 +103,13 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         if conflicts.AR_STATE_KEY in model_options["transformer_options"]:
             run.note(conflicts.AR_NOTE)  # every forward extends the sampler's KV cache: none may be skipped
             return executor(x, timestep, model_options, seed)
-        if not run.off and conflicts.native_multigpu(model_options):
-            # ComfyUI set the clones up before the run's first evaluation: nothing has been cached yet. The
-            # evaluation is still recorded here, on the sampler's thread; the devices' threads touch nothing.
-            run.switch_off(conflicts.multigpu_note(model_options))
+        if not run.off and not run.decided_ahead and conflicts.native_multigpu(model_options):
+            # ComfyUI set the clones up before the run's first evaluation: nothing has been cached yet
+            conflicts.share_decisions(run, model_options)
         # the sigma stays on the device until the evaluation's first transfer to the host (its decision's)
         run.begin_evaluation(timestep).from_sampler = True
+        if run.decided_ahead and not run.off:
+            run.decide_ahead()  # here, on the sampler's thread: the devices' threads only read the decisions
         try:
             return executor(x, timestep, model_options, seed)
         finally:
@@ -139,8 +140,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
 
     def calc_cond_batch(executor, model, conds, x_in, timestep, model_options):
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
-        if run is not None and not run.off and conflicts.native_multigpu(model_options):
-            run.switch_off(conflicts.multigpu_note(model_options))
+        if run is not None and not run.off and not run.decided_ahead and conflicts.native_multigpu(model_options):
+            conflicts.share_decisions(run, model_options)
         if run is None or run.off or conflicts.AR_STATE_KEY in model_options["transformer_options"]:
             return executor(model, conds, x_in, timestep, model_options)
         window = model_options["transformer_options"].get("context_window")

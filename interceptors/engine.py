@@ -214,12 +214,11 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     """Run (or pass through) one transformer block at ``position`` in execution order."""
     forward = run.current_forward
     decider = run.block_decider
-    record = forward.evaluation.record if forward is not None else None
-    if record is not None:
-        record.blocks_total += 1
+    if forward is not None:
+        forward.blocks_total += 1
     if forward is None or decider is None or not forward.cacheable or not plan.skippable:
-        if record is not None:
-            record.blocks_run += 1
+        if forward is not None:
+            forward.blocks_run += 1
         return as_outputs(run_block(args), out_keys)
     stream = out_keys[0]
     ev = forward.evaluation
@@ -232,7 +231,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     segment = plan.segment_of.get(position)
     if segment is None:
         out = as_outputs(run_block(args), out_keys)
-        record.blocks_run += 1
+        forward.blocks_run += 1
         if position == plan.probe_end and forward.probe_input is not None:
             residual = residual_into(out[stream], forward.probe_input)
             forward.probe_input = None
@@ -252,7 +251,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     if forward.skip_blocks and forward.refresh_back and segment in plan.back_segments:
         # the middle tier: the back blocks run on the forecast middle; what they compute is not kept (its input
         # was forecast), so the estimator sees fully computed steps only
-        record.blocks_run += 1
+        forward.blocks_run += 1
         return as_outputs(run_block(args), out_keys)
 
     if forward.skip_blocks:
@@ -280,7 +279,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
                 change = residual_into(args[k], before)
                 added[k] = added[k].add_(change) if k in added else change
     out = as_outputs(run_block(args), out_keys)
-    record.blocks_run += 1
+    forward.blocks_run += 1
     if position != last:
         if forward.track_external:
             forward.previous_outputs[segment] = {k: out[k].clone() for k in out_keys if out.get(k) is not None}

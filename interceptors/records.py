@@ -193,7 +193,8 @@ class Forward:
         self.track_external = False      # the model adds things between blocks (ControlNet, VACE): measure them
         self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
         self.external: dict[int, dict[str, torch.Tensor]] = {}
-        self.blocks_before = (evaluation.record.blocks_run, evaluation.record.blocks_total)  # the record's counts
+        self.blocks_run = 0     # of its blocks that went through the pack's slots: those that ran, and all
+        self.blocks_total = 0
 
     @property
     def batch_rows(self) -> int:
@@ -201,9 +202,7 @@ class Forward:
 
     def block_share(self) -> float:
         """The share of its blocks this forward ran (1 where none went through the block slots)."""
-        record = self.evaluation.record
-        ran, total = record.blocks_run - self.blocks_before[0], record.blocks_total - self.blocks_before[1]
-        return ran / total if total else 1.0
+        return self.blocks_run / self.blocks_total if self.blocks_total else 1.0
 
     def split(self, tensor: torch.Tensor) -> dict[BranchKey, torch.Tensor] | None:
         """Rows of ``tensor`` per branch key, or None if its batch does not match this forward."""

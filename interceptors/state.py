@@ -74,10 +74,16 @@ class LoopState:
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
         self.off = False  # caching switched off for the whole run (switch_off): every forward computed in full
         self._off_lock = threading.Lock()
+        # Several threads may run forwards of one evaluation at once (ComfyUI's native multi-GPU path: one per
+        # device): each has its own current forward, and what they share changes under this lock.
+        self._lock = threading.RLock()
+        self._thread = threading.local()
+        # Every decision of an evaluation is made before its forwards (decide_ahead), which then only read it:
+        # set for runs whose forwards run on several devices' threads at once.
+        self.decided_ahead = False
         self.foreign_slot_forwards = 0  # forwards in which another patch served some of the pack's block slots
         self.deferred: list = []  # (tensors, then): device values to read with the next transfer (read_later)
         self.evaluation: Evaluation | None = None
-        self.current_forward: Forward | None = None
         self.cache_bytes: dict[str, int] = {}       # device -> bytes of tensors the run holds now
         self.cache_peak_bytes: dict[str, int] = {}  # the same when the run held the most
         self._windows = {d.id: self._window(d) for d in chain.deciders}
@@ -178,11 +184,35 @@ class LoopState:
             ev = self.begin_evaluation(sigma)
         return ev
 
+    @property
+    def current_forward(self) -> Forward | None:
+        """The forward this thread is running (each device's thread has its own)."""
+        return getattr(self._thread, "forward", None)
+
+    @current_forward.setter
+    def current_forward(self, forward: Forward | None) -> None:
+        self._thread.forward = forward
+
+    def decide_ahead(self) -> None:
+        """Make the evaluation's decisions now, before its forwards, for deciders that decide from the schedule
+        alone (``Signal.NONE``): the forwards that several devices' threads run at once then share them, as the
+        branches of one batched forward do."""
+        self.read_place()
+        for decider in (self.model_decider, self.block_decider):
+            if decider is not None and decider.signal == Signal.NONE:
+                self.decide(decider, None)
+
     def begin_forward(self, sigma: float | None, batch: int, row_shape: tuple[int, ...], dtype: torch.dtype,
                       cond_or_uncond: Sequence[int] | None, uuids: Sequence[Hashable] | None,
                       frames: tuple[int, ...] | None = None) -> Forward:
         """A forward of ``batch`` rows, one group per conditioning branch; ``frames``: the context window's
         frame indices, when the forward covers one."""
+        with self._lock:
+            forward = self._new_forward(sigma, batch, row_shape, dtype, cond_or_uncond, uuids, frames)
+        self.current_forward = forward
+        return forward
+
+    def _new_forward(self, sigma, batch, row_shape, dtype, cond_or_uncond, uuids, frames) -> Forward:
         ev = self.ensure_evaluation(sigma)
         branches = list(cond_or_uncond) if cond_or_uncond else [None]
         ids = list(uuids) if uuids and len(uuids) == len(branches) else [None] * len(branches)
@@ -198,20 +228,22 @@ class LoopState:
             keys.append(BranchKey(branch, uuid, occurrence, tuple(row_shape), str(dtype), frames))
             if frames is not None:
                 self.window_keys_used[keys[-1]] = ev.index
-        self.current_forward = Forward(ev, keys, batch // len(branches) if cacheable else batch, cacheable)
-        return self.current_forward
+        return Forward(ev, keys, batch // len(branches) if cacheable else batch, cacheable)
 
     def end_forward(self, forward: Forward, output: torch.Tensor | None) -> None:
         record = forward.evaluation.record
-        record.rows_total += forward.batch_rows
-        if forward.model_skipped:
-            record.forwards_skipped += 1
-        else:
-            record.forwards_computed += 1
-            record.work_done += forward.batch_rows * forward.block_share()
-        for key in forward.keys:
-            record.branches[key.name] = record.branches.get(key.name, False) or forward.computed
-            record.ran[key.branch] = record.ran.get(key.branch, False) or forward.computed
+        with self._lock:
+            record.rows_total += forward.batch_rows
+            record.blocks_run += forward.blocks_run
+            record.blocks_total += forward.blocks_total
+            if forward.model_skipped:
+                record.forwards_skipped += 1
+            else:
+                record.forwards_computed += 1
+                record.work_done += forward.batch_rows * forward.block_share()
+            for key in forward.keys:
+                record.branches[key.name] = record.branches.get(key.name, False) or forward.computed
+                record.ran[key.branch] = record.ran.get(key.branch, False) or forward.computed
         if output is not None:
             for obs in self.observers:
                 obs.on_forward(self, forward, output)
@@ -222,7 +254,8 @@ class LoopState:
         """Read ``tensors`` with the run's next transfer and hand their values (one flat list per tensor) to
         ``then``: what is not needed at once (the NaN watch's flags, a rate for a later decision, a calibration's
         recording) costs no device sync of its own."""
-        self.deferred.append((tensors, then))
+        with self._lock:
+            self.deferred.append((tensors, then))
 
     def read_place(self) -> Evaluation | None:
         """Make sure the current evaluation knows its sigma, step and position: if the sampler's sigma is still on
@@ -237,6 +270,10 @@ class LoopState:
         """Bring to the host, in one transfer (one device sync), the sums of ``measures``, the current
         evaluation's sigma if it is not read yet, and every deferred read (whose ``then`` runs here, in order).
         Nothing due (measures without terms included): no transfer."""
+        with self._lock:
+            self._transfer(measures)
+
+    def _transfer(self, measures: Sequence[Measure]) -> None:
         ev = self.evaluation
         sigma = [ev.pending_sigma] if ev is not None and ev.pending_sigma is not None else []
         deferred, self.deferred = self.deferred, []
@@ -257,6 +294,10 @@ class LoopState:
         forward of the evaluation, so every CFG branch follows the same schedule. The decider's measures, the
         sigma and whatever else is due come over in one transfer. A decision to skip is only a wish: the engine
         skips where the cache allows and reports it with :meth:`skipped`."""
+        with self._lock:
+            return self._decide(decider, signals)
+
+    def _decide(self, decider: Decider, signals: dict[BranchKey, torch.Tensor] | None) -> bool:
         ev = self.evaluation
         if decider.id in ev.decisions:
             if decider.checks_forecast and signals and not ev.decisions[decider.id]:
@@ -299,9 +340,10 @@ class LoopState:
     def skipped(self, decider: Decider) -> None:
         """The engine really skipped ``decider``'s work in this evaluation (counted when the evaluation ends)."""
         ev = self.evaluation
-        ev.skipped_by.add(decider.id)
-        if decider.label not in ev.record.skipped_by:
-            ev.record.skipped_by.append(decider.label)
+        with self._lock:
+            ev.skipped_by.add(decider.id)
+            if decider.label not in ev.record.skipped_by:
+                ev.record.skipped_by.append(decider.label)
 
     def left_out(self, branch: int, rows: int) -> None:
         """The guidance level left ``branch``'s conditioning entries, ``rows`` batch rows, out of this evaluation's
@@ -401,7 +443,8 @@ class LoopState:
     def cache_of(self, key: BranchKey) -> BranchCache:
         cache = self.caches.get(key)
         if cache is None:
-            cache = self.caches[key] = BranchCache()
+            with self._lock:
+                cache = self.caches.setdefault(key, BranchCache())
         return cache
 
     def store(self, key: BranchKey, name: str, value: torch.Tensor, sigma: float) -> None:

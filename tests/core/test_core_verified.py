@@ -49,8 +49,8 @@ def drive_blocks(decider, blocks, estimator=None, sigmas=SIGMAS, branches=((0, "
         for pos in range(5):
             img = block_call(run, plan, pos, ("img",), {"img": img, "sigma": sigma},
                              lambda a, b=blocks[pos]: b(a))["img"]
+        run.end_forward(fwd, img)  # the forward's blocks reach the evaluation's record as it ends
         per_eval.append(fwd.evaluation.record.blocks_run)
-        run.end_forward(fwd, img)
         run.end_evaluation()
         outs.append(img)
     return run, outs, per_eval

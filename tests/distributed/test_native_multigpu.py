@@ -1,7 +1,9 @@
 """ComfyUI's native multi-GPU path (its MultiGPU CFG Split node, comfy/multigpu.py): the conds of one evaluation
 run on several devices at once, each from a thread of ComfyUI's MultiGPUThreadPool with a model clone of its own,
-and every thread reaches the pack's wrappers and block replacements with the same run. The pack does not cache
-there: the run is switched off with a note, and the output must be exactly the uncached multi-GPU run's.
+and every thread reaches the pack's wrappers and block replacements with the same run. Chains whose deciders
+decide from the schedule alone decide each evaluation on the sampler's thread before the devices' threads run,
+and the threads share the decision: the same decisions, work and output as on one device. A chain with a decider
+that measures what the model computes is switched off with a note, and the output is the uncached multi-GPU run's.
 
 A CPU has one device, so the tests give ComfyUI a second one: ``get_all_torch_devices`` answers ``cpu`` and
 ``cpu:0``, distinct devices to ComfyUI (dictionary keys, load devices), on which torch computes alike. Everything
@@ -144,18 +146,35 @@ def _sample(comfy, prompt, caplog):
     with caplog.at_level(logging.WARNING, logger="cached_sampler"):
         _, ui = comfy.run(prompt)
     notes = [r.getMessage() for r in caplog.records if NOTE in r.getMessage()]
-    shown = [n for run in ui.get("sampler", {}).get("cached_sampler", [{}])[0].get("runs", []) for n in run["notes"]]
+    runs = ui.get("sampler", {}).get("cached_sampler", [{}])[0].get("runs", [])
+    shown = [n for run in runs for n in run["notes"]]
     log = CAPTURED["devices"]
-    return CAPTURED["out"].clone(), {"forwards": sorted(log["forwards"]), "blocks": sorted(log["blocks"])}, notes, shown
+    work = {"forwards": sorted(log["forwards"]), "blocks": sorted(log["blocks"]),
+            "decisions": [run["decisions"] for run in runs]}
+    return CAPTURED["out"].clone(), work, notes, shown
 
 
 def _without_threads(work):
     return {"forwards": sorted((d, b) for d, _, b in work["forwards"]), "blocks": work["blocks"]}
 
 
-def _problems(comfy, caplog, chain, order) -> list[str]:
-    """What is wrong with ``chain`` under native multi-GPU: anything the model computed differently from the
-    uncached multi-GPU run, a failed prompt, or a missing note. Empty when the pack behaves."""
+def _shares(comfy, name) -> bool:
+    """Whether every decider of ``name``'s chain decides from the schedule alone (or is the guidance level's)."""
+    ic = comfy.module("interceptors")
+    return all(d.signal in (ic.Signal.NONE, ic.Signal.GUIDANCE) for d in ic.InterceptorChain.of(
+        methods.skipping(ic)[name]).deciders)
+
+
+SHARED = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "growing cadence + spectrum",
+          "magcache", "guidance cache",
+          "guidance cache + fixed cadence", "guidance agreement"]
+
+
+def _problems(comfy, caplog, chain, order, shared=False) -> list[str]:
+    """What is wrong with ``chain`` under native multi-GPU. Switched off (``shared`` False): anything the model
+    computed differently from the uncached multi-GPU run, a failed prompt, or a missing note. Shared decisions:
+    anything that differs from the same chain on one device (decisions, work, output beyond what the devices
+    themselves change), or a note. Empty when the pack behaves."""
     reference, ref_work, _, _ = _sample(comfy, _prompt(), caplog)
     # the path really ran: each device computed from a pool thread of its own, one branch each
     threads = {(d, t) for d, t, _ in ref_work["forwards"]}
@@ -166,6 +185,24 @@ def _problems(comfy, caplog, chain, order) -> list[str]:
     except AssertionError as e:  # the prompt failed
         return [f"the prompt failed: {str(e).splitlines()[0]}"]
     problems = []
+    if shared:
+        single_ref, _, _, _ = _sample(comfy, _prompt(multi=False), caplog)
+        single, single_work, _, _ = _sample(comfy, _prompt(chain, order, multi=False), caplog)
+        # ComfyUI's devices compute one branch each where one device batches both: the plain runs already differ
+        # in the last bits, and so may the cached ones, within the same order; the decisions may not
+        if not torch.allclose(cached, single, rtol=1e-4, atol=1e-4):
+            problems.append(f"output differs from the same chain on one device by {(cached - single).abs().max():.3g}"
+                            f" (the plain runs: {(reference - single_ref).abs().max():.3g})")
+        if work["decisions"] != single_work["decisions"]:
+            problems.append(f"decisions {work['decisions']}, on one device {single_work['decisions']}")
+        rows = sum(r for _, r in work["blocks"]), sum(r for _, r in single_work["blocks"])
+        if rows[0] != rows[1]:
+            problems.append(f"the model ran {rows[0]} block rows, on one device {rows[1]}")
+        if rows[0] >= sum(r for _, r in ref_work["blocks"]):
+            problems.append("nothing was skipped")
+        if notes or (order == "sampler" and shown):
+            problems.append(f"notes: {notes} {shown}")
+        return problems
     if not torch.equal(cached, reference):
         problems.append(f"output differs from the uncached multi-GPU run by {(cached - reference).abs().max():.3g}")
     if _without_threads(work) != _without_threads(ref_work):
@@ -180,15 +217,26 @@ def _problems(comfy, caplog, chain, order) -> list[str]:
 
 @pytest.mark.parametrize("order", ["sampler", "apply first"])
 @pytest.mark.parametrize("name", list(CHAINS))
-def test_caching_under_native_multigpu_is_switched_off_with_a_note_and_equals_uncached(multigpu, caplog, name,
-                                                                                         order):
-    """Every caching level, on the Cached Sampler after MultiGPU CFG Split and on Apply Interceptors before it (so
-    ComfyUI's deep clones carry the pack's wrappers): the model computes every forward and block the uncached
-    multi-GPU run computes, on the same devices, the latent is bit-identical, and the run says so once."""
-    assert _problems(multigpu, caplog, CHAINS[name], order) == []
+def test_caching_under_native_multigpu_shares_schedule_decisions_and_switches_the_others_off(multigpu, caplog, name,
+                                                                                            order):
+    """Every method of the shared list, on the Cached Sampler after MultiGPU CFG Split and on Apply Interceptors
+    before it (so ComfyUI's deep clones carry the pack's wrappers). Schedule-decided chains cache: the model runs
+    what it runs on one device, and the output is the one-device run's (as far as the devices themselves differ).
+    The others: every forward and block of the uncached multi-GPU run, the latent bit-identical, said once."""
+    shared = _shares(multigpu, name)
+    assert shared == (name in SHARED), name
+    assert _problems(multigpu, caplog, CHAINS[name], order, shared=shared) == []
 
 
-@pytest.mark.parametrize("name", list(CHAINS))
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_decisions_that_never_skip_are_bit_identical_to_the_uncached_multigpu_run(multigpu, caplog, name):
+    reference, ref_work, _, _ = _sample(multigpu, _prompt(), caplog)
+    exact, work, notes, shown = _sample(multigpu, _prompt(lambda p: methods.build(p, name, skips=False)), caplog)
+    assert torch.equal(exact, reference) and _without_threads(work) == _without_threads(ref_work)
+    assert not notes and not shown and work["decisions"] and "s" not in work["decisions"][0]
+
+
+@pytest.mark.parametrize("name", [n for n in CHAINS if n not in SHARED])
 def test_a_forward_from_a_device_thread_switches_the_run_off_by_itself(multigpu, caplog, monkeypatch, name):
     """The second line of defence: with the sampler-side detection taken out, the first forward that a device's
     thread runs (``multigpu_thread_device`` in its options) switches the run off, the threads racing to do it
@@ -208,13 +256,9 @@ def test_the_same_chains_skip_on_one_device(multigpu, caplog, name):
     assert not torch.equal(cached, reference)
 
 
-def test_the_check_fails_when_the_switch_off_is_removed(multigpu, caplog, monkeypatch):
-    """The gate can fail: with the multi-GPU detection taken out of the adapter, the devices' threads cache into
-    one shared run, and the check above finds the model computing less and the output changed (or the prompt
-    failing on the threads' shared state)."""
-    adapter = multigpu.module("adapter.conflicts")
-    monkeypatch.setattr(adapter, "native_multigpu", lambda model_options: False)
-    monkeypatch.setattr(adapter, "MULTIGPU_DEVICE_KEY", "no such key")
-    problems = _problems(multigpu, caplog, _fixed_cadence, "sampler")
-    assert problems, "the broken adapter passed the check"
-    assert any("output differs" in p or "prompt failed" in p for p in problems), problems
+def test_the_check_fails_when_the_decisions_are_not_shared(multigpu, caplog, monkeypatch):
+    """The shared check can fail: with the sharing taken out of the adapter, the devices' threads switch the run off
+    (the pack of before), and the check finds the notes and nothing skipped."""
+    monkeypatch.setattr(multigpu.module("adapter.conflicts"), "share_decisions", lambda run, model_options: None)
+    problems = _problems(multigpu, caplog, _fixed_cadence, "sampler", shared=True)
+    assert any("notes" in p for p in problems) and any("nothing was skipped" in p for p in problems), problems
