@@ -153,6 +153,30 @@ def adaptive_step(identity: str) -> bool:
 
 
 
+# Patches that keep state from the model's previous call, by the module that makes them: (module suffix, name).
+# Core's Model Sparse Attention (comfy_extras/nodes_sparse_attention.py, v0.38) replaces MiniMax-H3's blocks with
+# ones that start each block's sparse selection from its attention statistics of the previous call.
+STATEFUL_PATCHES = (("nodes_sparse_attention", "Model Sparse Attention"),)
+
+
+def note_stateful_patches(run: LoopState, model_options: dict) -> None:
+    """A patch that carries state from one model call to the next sees, after skipped steps, the state of the last
+    computed one: say so (their result is close to the exact one, not equal, as with a ControlNet window)."""
+    if not (run.model_decider or run.block_decider):
+        return
+    options = model_options.get("transformer_options", {})
+    patches = []
+    for patch in options.get("patches_replace", {}).get("dit", {}).values():
+        while patch is not None:  # the pack's replacement chains to the one it found in the slot
+            patches.append(patch)
+            patch = getattr(patch, "cached_sampler_previous", None)
+    for suffix, name in STATEFUL_PATCHES:
+        if any(getattr(p, "__module__", "").endswith(suffix) for p in patches):
+            run.note(f"{name} keeps each block's attention statistics from the model's previous call: after steps "
+                     f"the cache skipped, the next computed step starts from those of the last computed step, not "
+                     f"of the step before it")
+
+
 def check_guider(run: LoopState, guidance, guider) -> None:
     """Guidance Cache knows the standard guider's conds layout (0 positive, 1 negative) only; with any other
     (DualCFG, PerpNeg) it does nothing, and says so. At cfg 1 ComfyUI usually computes no negative branch (the

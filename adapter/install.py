@@ -75,6 +75,7 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             _note_partial_run(run, chain, run.sample_sigmas, float(sampling.sigma_max))
         if guidance is not None:
             conflicts.check_guider(run, guidance, guider)
+        conflicts.note_stateful_patches(run, guider.model_options)
         options = guider.model_options.setdefault("transformer_options", {})
         if conflicts.adaptive_step(run.sampler):
             run.switch_off(f"{conflicts.sampler_name(run.sampler)} picks its own steps by error control, and skipped or "

@@ -602,3 +602,32 @@ def test_a_forward_the_comfy_compiler_records_runs_every_block_and_says_so(comfy
         assert torch.equal(cached, plain) and work["blocks"] == plain_work["blocks"] and noted, summary.notes
     else:
         assert work["blocks"] < plain_work["blocks"] and not noted, (work, summary.notes)
+
+
+def test_a_block_patch_that_keeps_state_between_calls_is_noted_where_steps_are_skipped(comfy):
+    """Core's Model Sparse Attention (v0.38) replaces MiniMax-H3's blocks with ones that start from the previous
+    call's attention statistics: after skipped steps those are the last computed step's, and the node says so. Its
+    block patch is stood in for by one from a module of that name (the node is newer than the ComfyUI run here);
+    a chain that skips nothing, or a plain block patch, says nothing."""
+    ic = comfy.module("interceptors")
+
+    def stateful(args, extra):
+        return extra["original_block"](args)
+    stateful.__module__ = "comfy_extras.nodes_sparse_attention"
+
+    def plain(args, extra):
+        return extra["original_block"](args)
+
+    for patch, chain, noted in ((stateful, _skipping(ic), True), (plain, _skipping(ic), False),
+                                (stateful, ic.InterceptorChain.of([ic.GuidanceCache(interval=2)]), False)):
+        model = tiny_models.build("flux")
+        model.set_model_patch_replace(patch, "dit", "double_block", 1)
+        summaries = []
+        import nodes
+        adapter = comfy.module("adapter")
+        patched = adapter.install(model, chain, on_run_end=lambda run, summary: summaries.append(summary))
+        positive, negative = tiny_models.conditioning("flux", seed=1)
+        nodes.common_ksampler(patched, 3, STEPS, 3.0, "euler", "simple", positive, negative,
+                              tiny_models.latent("flux", seed=5))
+        said = [n for n in summaries[0].notes if "Model Sparse Attention" in n]
+        assert bool(said) == noted, (patch.__module__, chain, summaries[0].notes)
