@@ -252,6 +252,14 @@ BLOCK_CHAINS = {"dbcache": dbcache, "first_block_cache": first_block_cache,
                                                                          upstream=first_block_cache(p))}
 
 
+def _compiled_and_plain(comfy, chain, backend):
+    """The same chain sampled on the model compiled with ``backend`` and uncompiled: both outputs and both runs."""
+    plain, ui_plain = sampled(comfy, chain=chain)
+    compiled, ui = sampled(comfy, chain=chain, model_patch=compile_node(backend))
+    return (compiled, plain, ui["sampler"]["cached_sampler"][0]["runs"][0],
+            ui_plain["sampler"]["cached_sampler"][0]["runs"][0])
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("chain", list(BLOCK_CHAINS))
 def test_block_level_caching_on_a_torch_compiled_model_compiles_the_blocks_apart(comfy, dynamo_reset, backend,
@@ -260,9 +268,7 @@ def test_block_level_caching_on_a_torch_compiled_model_compiles_the_blocks_apart
     replacements inside it would not follow the per-step decisions. The pack compiles the blocks one by one instead,
     with the node's settings, and decides between them: the same decisions and the same work as the uncompiled
     cached run, the same output within the compiler's tolerance (exactly, with the eager backend)."""
-    reference, ui_ref = sampled(comfy, chain=BLOCK_CHAINS[chain])
-    compiled, ui = sampled(comfy, chain=BLOCK_CHAINS[chain], model_patch=compile_node(backend))
-    run, run_ref = ui["sampler"]["cached_sampler"][0]["runs"][0], ui_ref["sampler"]["cached_sampler"][0]["runs"][0]
+    compiled, reference, run, run_ref = _compiled_and_plain(comfy, BLOCK_CHAINS[chain], backend)
     assert "s" in run["decisions"] and run["decisions"] == run_ref["decisions"], (run, run_ref)
     assert run["work_saved"] == run_ref["work_saved"] and not run["notes"], run
     assert torch.allclose(compiled, reference, rtol=1e-4, atol=1e-4), (compiled - reference).abs().max()
@@ -273,9 +279,7 @@ def test_block_level_caching_on_a_torch_compiled_model_compiles_the_blocks_apart
 @pytest.mark.skipif(not os.environ.get("CACHED_SAMPLER_SLOW_TESTS"),
                     reason="SLOW: inductor compiles the tiny Flux's blocks for minutes on a CPU; set CACHED_SAMPLER_SLOW_TESTS=1")
 def test_block_caching_through_the_real_torch_compile_node_with_inductor(comfy, dynamo_reset):
-    reference, ui_ref = sampled(comfy, chain=first_block_cache)
-    compiled, ui = sampled(comfy, chain=first_block_cache, model_patch=compile_node("inductor"))
-    run, run_ref = ui["sampler"]["cached_sampler"][0]["runs"][0], ui_ref["sampler"]["cached_sampler"][0]["runs"][0]
+    compiled, reference, run, run_ref = _compiled_and_plain(comfy, first_block_cache, "inductor")
     assert "s" in run["decisions"] and run["decisions"] == run_ref["decisions"], (run, run_ref)
     assert torch.allclose(compiled, reference, rtol=1e-3, atol=1e-3), (compiled - reference).abs().max()
 
