@@ -183,10 +183,15 @@ def official_urls():
 FAMILY = {"flux_dbcache_taylorseer": "flux", "apply_interceptors_sampler_custom_advanced": "flux",
           "sdxl_adaptive_cache": "sdxl", "wan21_adaptive_cache": "wan", "wan22_two_stage_first_block_cache": "wan",
           "qwen_image_magcache_calibrate": "qwen_image", "hunyuan_video15_first_block_cache": "hunyuan_video15",
-          "z_image_fixed_cadence_taylorseer": "z_image", "ltx2_first_block_cache": "ltx2"}
+          "z_image_fixed_cadence_taylorseer": "z_image", "ltx2_first_block_cache": "ltx2",
+          "flux_first_block_cache_taylorseer": "flux", "flux2_fixed_cadence_taylorseer": "flux2",
+          "sd35_first_block_cache_taylorseer": "sd3", "sdxl_fixed_cadence_taylorseer": "sdxl",
+          "sdxl_auto_calibrate": "sdxl"}
 REPOSITORIES = {
     "flux": {"black-forest-labs/FLUX.1-dev", "black-forest-labs/FLUX.1-schnell", "Comfy-Org/flux1-dev",
              "comfyanonymous/flux_text_encoders"},
+    "flux2": {"black-forest-labs/FLUX.2-dev", "Comfy-Org/flux2-dev"},
+    "sd3": {"stabilityai/stable-diffusion-3.5-large", "Comfy-Org/stable-diffusion-3.5-fp8"},
     "sdxl": {"stabilityai/stable-diffusion-xl-base-1.0"},
     "wan": {"Comfy-Org/Wan_2.1_ComfyUI_repackaged", "Comfy-Org/Wan_2.2_ComfyUI_Repackaged"},
     "qwen_image": {"Comfy-Org/Qwen-Image_ComfyUI"},

@@ -57,12 +57,22 @@ FLUX_TEXT_ENCODERS = "comfyanonymous/flux_text_encoders"
 WAN21 = "Comfy-Org/Wan_2.1_ComfyUI_repackaged"
 QWEN_IMAGE = "Comfy-Org/Qwen-Image_ComfyUI"
 HUNYUAN_VIDEO15 = "Comfy-Org/HunyuanVideo_1.5_repackaged"
+FLUX2 = "Comfy-Org/flux2-dev"
 MODEL_FILES = {
     "flux": {
         "flux1-dev.safetensors": ("diffusion_models", hf("Comfy-Org/flux1-dev", "flux1-dev.safetensors")),
         "clip_l.safetensors": ("text_encoders", hf(FLUX_TEXT_ENCODERS, "clip_l.safetensors")),
         "t5xxl_fp16.safetensors": ("text_encoders", hf(FLUX_TEXT_ENCODERS, "t5xxl_fp16.safetensors")),
         "ae.safetensors": ("vae", hf("black-forest-labs/FLUX.1-schnell", "ae.safetensors")),
+    },
+    "flux2": {  # Flux 2 [dev]'s own VAE and Mistral text encoder, from Comfy-Org's Flux 2 repository
+        "flux2_dev_fp8mixed.safetensors": ("diffusion_models", hf(FLUX2, "split_files/diffusion_models/flux2_dev_fp8mixed.safetensors")),
+        "mistral_3_small_flux2_fp8.safetensors": ("text_encoders", hf(FLUX2, "split_files/text_encoders/mistral_3_small_flux2_fp8.safetensors")),
+        "flux2-vae.safetensors": ("vae", hf(FLUX2, "split_files/vae/flux2-vae.safetensors")),
+    },
+    "sd3": {  # SD3.5 Large with its text encoders in one checkpoint, as ComfyUI's SD3.5 template loads it
+        "sd3.5_large_fp8_scaled.safetensors": ("checkpoints", hf("Comfy-Org/stable-diffusion-3.5-fp8",
+                                                                 "sd3.5_large_fp8_scaled.safetensors")),
     },
     "sdxl": {
         "sd_xl_base_1.0.safetensors": ("checkpoints", hf("stabilityai/stable-diffusion-xl-base-1.0",
@@ -363,7 +373,55 @@ TEMPLATES = [
               "`text_encoders/t5xxl_fp16.safetensors`, `vae/ae.safetensors`.", (40, 540), (340, 250)),
     ),
     Template(
-        "wan21_adaptive_cache", "Wan 2.1 video: Adaptive Cache", "wan21",
+        "flux_first_block_cache_taylorseer", "FLUX.1-dev: First Block Cache + TaylorSeer", "flux",
+        models=flux_loaders(),
+        inputs={
+            "pos": prompt((400, 80), "a red fox reading a newspaper in a cosy cafe, morning light, 35mm photo"),
+            "neg": prompt((400, 290), "", "Negative (unused at cfg 1)", 100),
+            "guidance": N("FluxGuidance", (850, 460), {"guidance": 3.5}, {"conditioning": "pos"}),
+            "latent": N("EmptySD3LatentImage", (400, 450), {"width": 1024, "height": 1024, "batch_size": 1}),
+        },
+        stages=[Stage({
+            "fbc": N("CachedSamplerFirstBlockCache", (850, 80), {"threshold": 0.12}),
+            "ts": TS,
+        }, ("sampler", cached_sampler((1220, 80), 28, 1.0, "euler", "simple", model="unet", positive="guidance")))],
+        outputs=image_outputs("flux_cached"),
+        note=("**FLUX.1-dev + First Block Cache + TaylorSeer** (also for Chroma)\n\nBlock 1 probes each step; "
+              "the other blocks are skipped while its residual barely changes, and TaylorSeer forecasts the skipped "
+              "work instead of reusing it stale. Threshold 0.12 at 28 steps, from the published range for Flux.1 "
+              "dev: 0.08 (lossless) to 0.2 (2.9x faster, slight degradation).\n\n**What to expect:** the summary "
+              "shows the steps whose blocks were computed of 28 and the work saved; read the tuning plot before "
+              "raising the threshold.", (40, 540), (360, 280)),
+    ),
+    Template(
+        "flux2_fixed_cadence_taylorseer", "Flux 2: Fixed Cadence + TaylorSeer", "flux2",
+        models={
+            "unet": N("UNETLoader", (40, 80), {"unet_name": "flux2_dev_fp8mixed.safetensors", "weight_dtype": "default"}),
+            "clip": N("CLIPLoader", (40, 220), {"clip_name": "mistral_3_small_flux2_fp8.safetensors", "type": "flux2",
+                                                "device": "default"}),
+            "vae": N("VAELoader", (40, 380), {"vae_name": "flux2-vae.safetensors"}),
+        },
+        inputs={
+            "pos": prompt((400, 80), "a hand-painted enamel sign reading \"FRESH BREAD\" above a bakery door, "
+                                     "morning light, street photo"),
+            "neg": prompt((400, 290), "", "Negative (unused at cfg 1)", 100),
+            "guidance": N("FluxGuidance", (850, 430), {"guidance": 4.0}, {"conditioning": "pos"}),
+            "latent": N("EmptyFlux2LatentImage", (400, 450), {"width": 1024, "height": 1024, "batch_size": 1}),
+        },
+        stages=[Stage({
+            "cadence": N("CachedSamplerFixedCadence", (850, 80), {"interval": 3}),
+            "ts": N("CachedSamplerTaylorSeer", (850, 260), {"order": 1}),
+        }, ("sampler", cached_sampler((1220, 80), 28, 1.0, "euler", "simple", model="unet", positive="guidance")))],
+        outputs=image_outputs("flux2_cached"),
+        note=("**Flux 2 [dev] + Fixed Cadence + TaylorSeer**\n\nNo caching setting is published for Flux 2: compute "
+              "every 3rd step and forecast the others in sigma. For block-level caching instead, use FLUX.1-dev's "
+              "First Block Cache chain from threshold 0.05 and raise it while reading the tuning plot. Flux 2 Klein "
+              "is step-distilled: caching is refused there unless `allow_distilled` is on.\n\n**What to expect:** "
+              "the summary shows about 10 of 28 steps computed (the first and last always are).",
+              (40, 540), (360, 280)),
+    ),
+    Template(
+        "wan21_adaptive_cache", "Wan 2.1 video: Adaptive Cache + TaylorSeer", "wan21",
         models={
             "unet": N("UNETLoader", (40, 80), {"unet_name": "wan2.1_t2v_1.3B_fp16.safetensors", "weight_dtype": "default"}),
             "clip": N("CLIPLoader", (40, 220), {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan",
@@ -374,21 +432,23 @@ TEMPLATES = [
             "shift": N("ModelSamplingSD3", (400, 500), {"shift": 8.0}, {"model": "unet"}),
             "pos": prompt((400, 80), "a paper boat drifting down a rainy street gutter, close-up, cinematic"),
             "neg": prompt((400, 290), "blurry, low quality, static, watermark", "Negative", 140),
-            "latent": N("EmptyHunyuanLatentVideo", (850, 420), {"width": 832, "height": 480, "length": 33,
+            "latent": N("EmptyHunyuanLatentVideo", (850, 620), {"width": 832, "height": 480, "length": 33,
                                                                 "batch_size": 1}),
         },
         stages=[Stage({
             "cache": N("CachedSamplerAdaptiveCache", (850, 80), {"threshold": 0.1, "max_consecutive_cached": -1,
                                                                  "start_percent": 0.15, "end_percent": 0.95}),
+            "ts": N("CachedSamplerTaylorSeer", (850, 420), {"order": 1}),
         }, ("sampler", cached_sampler((1220, 80), 30, 6.0, "uni_pc", "simple")))],
         outputs=video_outputs("video/wan_cached", 16.0),
-        note=("**Wan 2.1 text-to-video + Adaptive Cache**\n\nThe Adaptive Cache skips whole model steps while "
-              "the predicted output change stays under the threshold (0.05 cautious, 0.1 balanced, 0.2 fast); no "
-              "calibration needed, works on every model.\n\n**Model files:** `diffusion_models/wan2.1_t2v_1.3B_fp16."
-              "safetensors`, `text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`, `vae/wan_2.1_vae.safetensors`.",
-              (40, 520), (340, 250)),
+        note=("**Wan 2.1 text-to-video + Adaptive Cache + TaylorSeer** (also Wan 2.2 in one stage)\n\nThe Adaptive "
+              "Cache skips whole model steps while the predicted output change stays under the threshold (0.1 "
+              "about 2x, 0.2 about 3x, the published values for Wan); TaylorSeer forecasts the skipped steps "
+              "instead of reusing the last one. No calibration needed.\n\n**Model files:** "
+              "`diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors`, "
+              "`text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors`, `vae/wan_2.1_vae.safetensors`.",
+              (40, 520), (340, 280)),
     ),
-
     Template(
         "sdxl_adaptive_cache", "SDXL: Adaptive Cache", "sdxl",
         models={"ckpt": N("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "sd_xl_base_1.0.safetensors"})},
@@ -410,6 +470,72 @@ TEMPLATES = [
     ),
 ]
 TEMPLATES += [
+    Template(
+        "sdxl_fixed_cadence_taylorseer", "SDXL: Fixed Cadence + TaylorSeer", "sdxl",
+        models={"ckpt": N("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "sd_xl_base_1.0.safetensors"})},
+        inputs={
+            "pos": prompt((400, 80), "a lighthouse on a cliff at dusk, dramatic clouds, oil painting", clip="ckpt.1"),
+            "neg": prompt((400, 290), "blurry, low quality, text, watermark", "Negative", 140, clip="ckpt.1"),
+            "latent": N("EmptyLatentImage", (400, 480), {"width": 1024, "height": 1024, "batch_size": 1}),
+        },
+        stages=[Stage({
+            "cadence": N("CachedSamplerFixedCadence", (850, 80), {"interval": 3}),
+            "ts": N("CachedSamplerTaylorSeer", (850, 260), {"order": 1}),
+        }, ("sampler", cached_sampler((1220, 80), 30, 6.5, "dpmpp_2m", "karras", model="ckpt")))],
+        outputs={**image_outputs("sdxl_cached"),
+                 "decode": N("VAEDecode", (1580, 80), inputs={"samples": "sampler", "vae": "ckpt.2"})},
+        note=("**SDXL + Fixed Cadence + TaylorSeer** (also SD 1.5)\n\nUNet models expose no transformer blocks to "
+              "cache, so whole steps are skipped: compute every 3rd step and forecast the others in sigma (at "
+              "28-30 steps interval 3-5; 5-8 at 50 steps).\n\n**What to expect:** the summary shows about 11 of "
+              "30 steps computed (the first and last always are).\n\n**Model file:** "
+              "`checkpoints/sd_xl_base_1.0.safetensors`.", (40, 260), (320, 280)),
+    ),
+    Template(
+        "sdxl_auto_calibrate", "SDXL: Auto Calibrate to a PSNR", "sdxl",
+        models={"ckpt": N("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "sd_xl_base_1.0.safetensors"})},
+        inputs={
+            "pos": prompt((400, 80), "a lighthouse on a cliff at dusk, dramatic clouds, oil painting", clip="ckpt.1"),
+            "neg": prompt((400, 290), "blurry, low quality, text, watermark", "Negative", 140, clip="ckpt.1"),
+            "latent": N("EmptyLatentImage", (400, 480), {"width": 1024, "height": 1024, "batch_size": 1}),
+        },
+        stages=[Stage({
+            "calib": N("CachedSamplerAutoCalibrate", (850, 80),
+                       {"seed": 42, "steps": 30, "cfg": 6.5, "sampler_name": "dpmpp_2m", "scheduler": "karras",
+                        "denoise": 1.0, "target": "quality", "min_psnr": 35.0},
+                       {"model": "ckpt", "positive": "pos", "negative": "neg", "latent_image": "latent",
+                        "vae": "ckpt.2"}, size=[340, 500]),
+        }, ("sampler", cached_sampler((1220, 80), 30, 6.5, "dpmpp_2m", "karras", model="ckpt")))],
+        outputs={**image_outputs("sdxl_calibrated"),
+                 "decode": N("VAEDecode", (1580, 80), inputs={"samples": "sampler", "vae": "ckpt.2"})},
+        note=("**SDXL + Auto Calibrate** (any model, to save more)\n\nAuto Calibrate samples the prompt once "
+              "uncached, then plans which steps to compute so that the decoded image keeps `min_psnr` (35 dB: hard "
+              "to tell apart) against the uncached one, and forecasts the others. The model's VAE is connected, so "
+              "plans are judged on images. Keep its steps, sampler and scheduler equal to the sampler's.\n\n"
+              "**What to expect:** the first queue costs the calibration (25-80 sampling runs); queued again with "
+              "the same inputs, ComfyUI reuses the plan.", (40, 260), (340, 320)),
+    ),
+    Template(
+        "sd35_first_block_cache_taylorseer", "SD3.5: First Block Cache + TaylorSeer", "sd3",
+        models={"ckpt": N("CheckpointLoaderSimple", (40, 80), {"ckpt_name": "sd3.5_large_fp8_scaled.safetensors"})},
+        inputs={
+            "pos": prompt((400, 80), "a glass bottle holding a tiny galaxy on a wooden kitchen table, mountains "
+                                     "outside the window, bright sun", clip="ckpt.1"),
+            "neg": prompt((400, 290), "", "Negative", 100, clip="ckpt.1"),
+            "latent": N("EmptySD3LatentImage", (400, 440), {"width": 1024, "height": 1024, "batch_size": 1}),
+        },
+        stages=[Stage({
+            "fbc": N("CachedSamplerFirstBlockCache", (850, 80), {"threshold": 0.12}),
+            "ts": TS,
+        }, ("sampler", cached_sampler((1220, 80), 28, 4.0, "euler", "sgm_uniform", model="ckpt")))],
+        outputs={**image_outputs("sd35_cached"),
+                 "decode": N("VAEDecode", (1580, 80), inputs={"samples": "sampler", "vae": "ckpt.2"})},
+        note=("**SD3.5 Large + First Block Cache + TaylorSeer** (also SD3)\n\nBlock 1 probes each step; the other "
+              "blocks are skipped while its residual barely changes, and TaylorSeer forecasts the skipped work. "
+              "Threshold 0.12 is the value published for SD3.5.\n\n**What to expect:** the summary shows the steps "
+              "whose blocks were computed of 28 and the work saved; read the tuning plot before raising the "
+              "threshold.\n\n**Model file:** `checkpoints/sd3.5_large_fp8_scaled.safetensors` (its text encoders "
+              "included).", (40, 260), (340, 300)),
+    ),
     Template(
         "apply_interceptors_sampler_custom_advanced", "Apply Interceptors + SamplerCustomAdvanced", "flux",
         models=flux_loaders(),
