@@ -10,7 +10,8 @@ the summary box, no second progress box, nothing below the node's bottom or over
 in English and with the frontend's language set to Chinese. It opens every node's documentation the way a user
 does (1.35: the node library's help button; 1.49: the selection toolbox's Info button) and finds the pack's own
 page, and opens every template with no missing-node card and every model file it names listed with its download
-address (no "Unknown"). The same checks hold with the older (1.35) and the
+address (no "Unknown"). After the runs, a click selecting the sampler and the properties side panel (where the
+frontend has one) leave the summary box as wide as it was. The same checks hold with the older (1.35) and the
 newer (1.49) frontend; every test runs with the frontend the ComfyUI's Python has installed and again with the
 newest frontend package (NEWEST_FRONTEND, served with --front-end-root). Everything it starts is stopped, and
 bounded in time.
@@ -254,6 +255,36 @@ try {
     await page.waitForTimeout(500);
     result.samples = await page.evaluate(() => { window.__sampling = false; return window.__samples; });
     result.second = await page.evaluate(() => window.__layout());
+    // The summary box's width, then after a click on the node's title selects it, then with the properties
+    // side panel open (where the frontend has one) and closed again: the box keeps the node's width.
+    const summaryWidth = () => page.evaluate(() =>
+      document.querySelector(".cached-sampler-summary")?.getBoundingClientRect().width ?? null);
+    const title = await page.evaluate((samplerId) => {
+      const app = window.comfyAPI.app.app, node = app.graph.getNodeById(Number(samplerId));
+      app.canvas.deselectAll?.();
+      app.canvas.setDirty(true, true);
+      const rect = app.canvas.canvas.getBoundingClientRect();
+      const [x, y] = app.canvas.ds.convertOffsetToCanvas([node.pos[0] + node.size[0] / 2,
+                                                          node.pos[1] - window.LiteGraph.NODE_TITLE_HEIGHT / 2]);
+      return { x: rect.left + x, y: rect.top + y };
+    }, result.loaded.samplerId);
+    await page.waitForTimeout(500);
+    result.width = { before: await summaryWidth() };
+    await page.mouse.click(title.x, title.y);
+    await page.waitForTimeout(1000);
+    result.width.selected = await summaryWidth();
+    result.width.selectedNodes = await page.evaluate(() =>
+      Object.keys(window.comfyAPI.app.app.canvas.selected_nodes ?? {}));
+    const panel = page.locator('button[aria-label="Toggle properties panel"]');
+    if (await panel.count()) {
+      await panel.first().click();
+      await page.waitForTimeout(1500);
+      result.width.panel = await summaryWidth();
+      await panel.first().click();
+      await page.waitForTimeout(1000);
+      result.width.panelClosed = await summaryWidth();
+    }
+    await page.evaluate(() => { window.comfyAPI.app.app.canvas.deselectAll?.(); });
   }
   result.after = await page.evaluate((samplerId) => {
     const app = window.comfyAPI.app.app;
@@ -622,6 +653,13 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     live = [s["text"] for s in result["samples"] if s["state"] == "live"]
     assert any("skipped so far" in t and "threshold" in t for t in live), live[:3]
     check_layout(result)
+    # Selecting the node, and opening the side panel, leave the summary box as wide as it was.
+    width = result["width"]
+    assert width["before"] and width["before"] > 100, width
+    assert width["selectedNodes"] == [result["loaded"]["samplerId"]], f"the click selected the sampler: {width}"
+    for when in ("selected", "panel", "panelClosed"):
+        if when in width:
+            assert abs(width[when] - width["before"]) <= 1, f"{when}: the summary box changed width: {width}"
 
     # The summary is display only: not in the saved workflow, not in the prompt.
     assert after["savedValues"] == loaded["savedValues"], (after["savedValues"], loaded["savedValues"])
