@@ -261,6 +261,7 @@ try {
       document.querySelector(".cached-sampler-summary")?.getBoundingClientRect().width ?? null);
     const title = await page.evaluate((samplerId) => {
       const app = window.comfyAPI.app.app, node = app.graph.getNodeById(Number(samplerId));
+      document.querySelectorAll(".p-dialog-mask, .p-toast").forEach((e) => e.remove());  // 1.35's dialogs
       app.canvas.deselectAll?.();
       app.canvas.setDirty(true, true);
       const rect = app.canvas.canvas.getBoundingClientRect();
@@ -273,8 +274,11 @@ try {
     await page.mouse.click(title.x, title.y);
     await page.waitForTimeout(1000);
     result.width.selected = await summaryWidth();
-    result.width.selectedNodes = await page.evaluate(() =>
-      Object.keys(window.comfyAPI.app.app.canvas.selected_nodes ?? {}));
+    result.width.selectedNodes = await page.evaluate(() => {
+      const canvas = window.comfyAPI.app.app.canvas;
+      return canvas.selectedItems ? [...canvas.selectedItems].map((item) => String(item.id))
+        : Object.keys(canvas.selected_nodes ?? {});
+    });
     const panel = page.locator('button[aria-label="Toggle properties panel"]');
     if (await panel.count()) {
       await panel.first().click();
