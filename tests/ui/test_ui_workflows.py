@@ -47,6 +47,25 @@ def test_every_example_has_a_thumbnail_and_the_required_ones_exist():
         assert (EXAMPLES / f"{name}.jpg").is_file(), name
 
 
+def test_every_recipe_of_the_readme_names_its_own_template():
+    """Each row of the README's recipe table with a chain to connect names one example workflow, and it exists;
+    only the step-distilled row, which is not cached, has none."""
+    import re
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text.split("## Recipes", 1)[1].split("\n\n", 3)[2]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert len(rows) >= 12, rows
+    named = []
+    for model, connect, template, *_ in rows:
+        if connect.startswith("no caching"):
+            assert template == "-", (model, template)
+            continue
+        names = re.findall(r"`([a-z0-9_]+)`", template)
+        assert len(names) == 1 and names[0] in NAMES, f"{model}: the recipe names no existing template: {template}"
+        named.append(names[0])
+    assert len(named) == len(set(named)), f"a template shown for two recipes: {named}"
+
+
 def test_template_endpoint_lists_and_serves_every_example(served):
     module, responses = served
     status, _, body = responses["/api/workflow_templates"]
