@@ -158,3 +158,22 @@ else
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --prefix "$BROWSER_DIR" --no-save --no-audit --no-fund --silent \
     "playwright-core@$PLAYWRIGHT_CORE_VERSION" || echo "setup: could not install playwright-core; the browser test will be skipped." >&2
 fi
+# The browser test also runs against the newest frontend package (the server started with --front-end-root): its
+# wheel, downloaded from PyPI with pip (no install) and extracted into the git-ignored .frontend/.
+NEWEST_FRONTEND=1.58.1
+FRONTEND_DIR="$(cd "$HERE/.." && pwd)/.frontend"
+FRONTEND_ROOT="$FRONTEND_DIR/comfyui_frontend_package-$NEWEST_FRONTEND"
+if [ -f "$FRONTEND_ROOT/comfyui_frontend_package/static/index.html" ]; then
+  echo "setup: --browser: comfyui-frontend-package $NEWEST_FRONTEND is in $FRONTEND_ROOT"
+else
+  echo "setup: --browser: downloading comfyui-frontend-package $NEWEST_FRONTEND (the newest frontend, a 30 MB wheel)" \
+       "with pip and extracting it into $FRONTEND_DIR (git-ignored)"
+  mkdir -p "$FRONTEND_DIR/download"
+  { "$PY" -m pip download --no-deps --only-binary=:all: -q -d "$FRONTEND_DIR/download" \
+      "comfyui-frontend-package==$NEWEST_FRONTEND" \
+    && "$PY" -m zipfile -e "$FRONTEND_DIR/download/comfyui_frontend_package-$NEWEST_FRONTEND-py3-none-any.whl" \
+      "$FRONTEND_ROOT"; } \
+    || echo "setup: could not fetch comfyui-frontend-package $NEWEST_FRONTEND; the browser test skips its run" \
+            "with the newest frontend." >&2
+  rm -rf "$FRONTEND_DIR/download"
+fi

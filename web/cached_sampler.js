@@ -255,6 +255,11 @@ function summaryWidget(node) {
   });
   widget.serialize = false;
   widget.serializeValue = () => undefined;
+  // The frontend sizes a DOM widget's box from widget.width when one is set, else from the node's width.
+  // Drawing the widget elsewhere (the properties side panel, a selection) sets widget.width to that place's
+  // width and leaves it there, so the box in the node took another width (down to its text's) and kept it:
+  // the summary always takes the node's width.
+  Object.defineProperty(widget, "width", { configurable: true, get: () => undefined, set: () => {} });
   // Grows the node to hold the widget, then checks what the browser laid out: if the text still needs
   // more room than estimated (another font, a narrower box), the widget and the node grow to it.
   const fit = () => {

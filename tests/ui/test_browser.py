@@ -10,9 +10,13 @@ the summary box, no second progress box, nothing below the node's bottom or over
 in English and with the frontend's language set to Chinese. It opens every node's documentation the way a user
 does (1.35: the node library's help button; 1.49: the selection toolbox's Info button) and finds the pack's own
 page, and opens every template with no missing-node card and every model file it names listed with its download
-address (no "Unknown"). The same checks hold with the older (1.35) and the newer (1.49) frontend. Everything it
-starts is stopped, and bounded in time.
-Installs nothing: ``bash tools/setup.sh --browser`` provides Chromium and playwright-core (in ``.browser/``).
+address (no "Unknown"). After the runs, a click selecting the sampler and the properties side panel (where the
+frontend has one) leave the summary box as wide as it was. The same checks hold with the older (1.35) and the
+newer (1.49) frontend; every test runs with the frontend the ComfyUI's Python has installed and again with the
+newest frontend package (NEWEST_FRONTEND, served with --front-end-root). Everything it starts is stopped, and
+bounded in time.
+Installs nothing: ``bash tools/setup.sh --browser`` provides Chromium and playwright-core (in ``.browser/``) and
+the newest frontend (in ``.frontend/``).
 """
 from __future__ import annotations
 
@@ -45,6 +49,12 @@ EXAMPLES = sorted(p.stem for p in (ROOT / "example_workflows").glob("*.json"))
 MODEL_FILES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".sft", ".gguf")
 ARTIFACTS = ROOT / "artifacts"
 SERVER_START_S, BROWSER_S = 180, 240
+# The newest frontend package that installs, run besides the one the ComfyUI under test has installed:
+# `bash tools/setup.sh --browser` extracts its wheel into the git-ignored .frontend/, and the server is started
+# with --front-end-root pointing at it.
+NEWEST_FRONTEND = "1.58.1"
+NEWEST_FRONTEND_ROOT = (ROOT / ".frontend" / f"comfyui_frontend_package-{NEWEST_FRONTEND}" / "comfyui_frontend_package"
+                        / "static")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -170,6 +180,13 @@ try {
     const sampler = app.graph.nodes.find((n) => n.type === "CachedSampler");
     window.__progress = [];
     api.addEventListener("progress_text", (e) => window.__progress.push(e.detail));
+    // The frontend's own progress text on the sampler as it shows it after each message (read once every
+    // listener of the message has run): newer frontends take it off the nodes when the job ends.
+    window.__previewAtEnd = null;
+    api.addEventListener("progress_text", () => queueMicrotask(() => {
+      const preview = sampler.widgets?.find((w) => w.name === "$$node-text-preview");
+      if (preview?.value) window.__previewAtEnd = preview.value;
+    }));
     window.__done = null;
     api.addEventListener("execution_success", () => { window.__done = "success"; });
     // The sampler's layout, measured a little after each progress text while a layout check is on: the
@@ -238,6 +255,40 @@ try {
     await page.waitForTimeout(500);
     result.samples = await page.evaluate(() => { window.__sampling = false; return window.__samples; });
     result.second = await page.evaluate(() => window.__layout());
+    // The summary box's width, then after a click on the node's title selects it, then with the properties
+    // side panel open (where the frontend has one) and closed again: the box keeps the node's width.
+    const summaryWidth = () => page.evaluate(() =>
+      document.querySelector(".cached-sampler-summary")?.getBoundingClientRect().width ?? null);
+    const title = await page.evaluate((samplerId) => {
+      const app = window.comfyAPI.app.app, node = app.graph.getNodeById(Number(samplerId));
+      document.querySelectorAll(".p-dialog-mask, .p-toast").forEach((e) => e.remove());  // 1.35's dialogs
+      app.canvas.deselectAll?.();
+      app.canvas.setDirty(true, true);
+      const rect = app.canvas.canvas.getBoundingClientRect();
+      const [x, y] = app.canvas.ds.convertOffsetToCanvas([node.pos[0] + node.size[0] / 2,
+                                                          node.pos[1] - window.LiteGraph.NODE_TITLE_HEIGHT / 2]);
+      return { x: rect.left + x, y: rect.top + y };
+    }, result.loaded.samplerId);
+    await page.waitForTimeout(500);
+    result.width = { before: await summaryWidth() };
+    await page.mouse.click(title.x, title.y);
+    await page.waitForTimeout(1000);
+    result.width.selected = await summaryWidth();
+    result.width.selectedNodes = await page.evaluate(() => {
+      const canvas = window.comfyAPI.app.app.canvas;
+      return canvas.selectedItems ? [...canvas.selectedItems].map((item) => String(item.id))
+        : Object.keys(canvas.selected_nodes ?? {});
+    });
+    const panel = page.locator('button[aria-label="Toggle properties panel"]');
+    if (await panel.count()) {
+      await panel.first().click();
+      await page.waitForTimeout(1500);
+      result.width.panel = await summaryWidth();
+      await panel.first().click();
+      await page.waitForTimeout(1000);
+      result.width.panelClosed = await summaryWidth();
+    }
+    await page.evaluate(() => { window.comfyAPI.app.app.canvas.deselectAll?.(); });
   }
   result.after = await page.evaluate((samplerId) => {
     const app = window.comfyAPI.app.app;
@@ -247,6 +298,8 @@ try {
     return {
       summaryText: summary ? summary.innerText : null,
       previewText: sampler.widgets.find((w) => w.name === "$$node-text-preview")?.value ?? null,
+      previewAtEnd: window.__previewAtEnd,
+      frontend: window.__COMFYUI_FRONTEND_VERSION__ ?? null,
       summaryVisible: !!summary && summary.getBoundingClientRect().height > 20,
       strip: summary ? [...summary.querySelectorAll("[data-decision]")].map((c) => c.dataset.decision) : [],
       cellTitles: summary ? [...summary.querySelectorAll("[data-decision]")].map((c) => c.title) : [],
@@ -413,8 +466,9 @@ console.log("RESULT " + JSON.stringify(result));
 """
 
 
-@pytest.fixture(scope="module")
-def comfy_server():
+@pytest.fixture(scope="module", params=["installed", NEWEST_FRONTEND])
+def comfy_server(request):
+    """A ComfyUI server with the frontend its Python has installed, then with the newest frontend package."""
     comfy = find_comfyui()
     if comfy is None:
         skip_loudly("no ComfyUI found")
@@ -424,6 +478,11 @@ def comfy_server():
         skip_loudly("no node")
     if not (PLAYWRIGHT / "playwright-core" / "package.json").is_file():
         skip_loudly(f"no playwright-core in {PLAYWRIGHT}")
+    front_end = []
+    if request.param == NEWEST_FRONTEND:
+        if not (NEWEST_FRONTEND_ROOT / "index.html").is_file():
+            skip_loudly(f"no comfyui-frontend-package {NEWEST_FRONTEND} in .frontend/")
+        front_end = ["--front-end-root", str(NEWEST_FRONTEND_ROOT)]
     tmp = Path(tempfile.mkdtemp(prefix="cached-sampler-browser-"))
     for name in ("custom_nodes", "user", "output", "temp", "input", "profile"):
         (tmp / name).mkdir()
@@ -441,7 +500,7 @@ def comfy_server():
          "--extra-model-paths-config", str(tmp / "extra_model_paths.yaml"), "--user-directory", str(tmp / "user"),
          "--output-directory", str(tmp / "output"), "--temp-directory", str(tmp / "temp"),
          "--input-directory", str(tmp / "input"), "--database-url", "sqlite:///:memory:",
-         "--disable-auto-launch", "--disable-api-nodes"],
+         "--disable-auto-launch", "--disable-api-nodes", *front_end],
         cwd=comfy, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -518,9 +577,18 @@ def test_without_the_extension_the_node_still_shows_the_summary_text(comfy_serve
     assert result["done"] == "success", result["done"]
     after = result["after"]
     assert after["summaryText"] is None
-    assert after["previewText"] and "/20 steps (cond " in after["previewText"], after["previewText"]
+    if after["previewText"] is None and after["frontend"] and version(after["frontend"]) >= (1, 50):
+        # Newer frontends take their progress text off the nodes when the job ends: the summary text is read
+        # as the frontend alone showed it on the node at the run's end.
+        assert after["previewAtEnd"] and "/20 steps (cond " in after["previewAtEnd"], after["previewAtEnd"]
+    else:
+        assert after["previewText"] and "/20 steps (cond " in after["previewText"], after["previewText"]
     saved = result["loaded"]["savedValues"]
     assert after["savedValues"][:len(saved)] == [1, *saved[1:]], "the frontend alone keeps the widget positions"
+
+
+def version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
 def check_layout(result: dict) -> None:
@@ -589,6 +657,13 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     live = [s["text"] for s in result["samples"] if s["state"] == "live"]
     assert any("skipped so far" in t and "threshold" in t for t in live), live[:3]
     check_layout(result)
+    # Selecting the node, and opening the side panel, leave the summary box as wide as it was.
+    width = result["width"]
+    assert width["before"] and width["before"] > 100, width
+    assert width["selectedNodes"] == [result["loaded"]["samplerId"]], f"the click selected the sampler: {width}"
+    for when in ("selected", "panel", "panelClosed"):
+        if when in width:
+            assert abs(width[when] - width["before"]) <= 1, f"{when}: the summary box changed width: {width}"
 
     # The summary is display only: not in the saved workflow, not in the prompt.
     assert after["savedValues"] == loaded["savedValues"], (after["savedValues"], loaded["savedValues"])

@@ -47,6 +47,25 @@ def test_every_example_has_a_thumbnail_and_the_required_ones_exist():
         assert (EXAMPLES / f"{name}.jpg").is_file(), name
 
 
+def test_every_recipe_of_the_readme_names_its_own_template():
+    """Each row of the README's recipe table with a chain to connect names one example workflow, and it exists;
+    only the step-distilled row, which is not cached, has none."""
+    import re
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text.split("## Recipes", 1)[1].split("\n\n", 3)[2]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert len(rows) >= 12, rows
+    named = []
+    for model, connect, template, *_ in rows:
+        if connect.startswith("no caching"):
+            assert template == "-", (model, template)
+            continue
+        names = re.findall(r"`([a-z0-9_]+)`", template)
+        assert len(names) == 1 and names[0] in NAMES, f"{model}: the recipe names no existing template: {template}"
+        named.append(names[0])
+    assert len(named) == len(set(named)), f"a template shown for two recipes: {named}"
+
+
 def test_template_endpoint_lists_and_serves_every_example(served):
     module, responses = served
     status, _, body = responses["/api/workflow_templates"]
@@ -183,10 +202,15 @@ def official_urls():
 FAMILY = {"flux_dbcache_taylorseer": "flux", "apply_interceptors_sampler_custom_advanced": "flux",
           "sdxl_adaptive_cache": "sdxl", "wan21_adaptive_cache": "wan", "wan22_two_stage_first_block_cache": "wan",
           "qwen_image_magcache_calibrate": "qwen_image", "hunyuan_video15_first_block_cache": "hunyuan_video15",
-          "z_image_fixed_cadence_taylorseer": "z_image", "ltx2_first_block_cache": "ltx2"}
+          "z_image_fixed_cadence_taylorseer": "z_image", "ltx2_first_block_cache": "ltx2",
+          "flux_first_block_cache_taylorseer": "flux", "flux2_fixed_cadence_taylorseer": "flux2",
+          "sd35_first_block_cache_taylorseer": "sd3", "sdxl_fixed_cadence_taylorseer": "sdxl",
+          "sdxl_auto_calibrate": "sdxl"}
 REPOSITORIES = {
     "flux": {"black-forest-labs/FLUX.1-dev", "black-forest-labs/FLUX.1-schnell", "Comfy-Org/flux1-dev",
              "comfyanonymous/flux_text_encoders"},
+    "flux2": {"black-forest-labs/FLUX.2-dev", "Comfy-Org/flux2-dev"},
+    "sd3": {"stabilityai/stable-diffusion-3.5-large", "Comfy-Org/stable-diffusion-3.5-fp8"},
     "sdxl": {"stabilityai/stable-diffusion-xl-base-1.0"},
     "wan": {"Comfy-Org/Wan_2.1_ComfyUI_repackaged", "Comfy-Org/Wan_2.2_ComfyUI_Repackaged"},
     "qwen_image": {"Comfy-Org/Qwen-Image_ComfyUI"},
