@@ -185,6 +185,18 @@ class BlockPlan:
         return bool(self.segments)
 
 
+class BlockScratch:
+    """What the block engine carries from one block of a forward to the next: the probe's input, each segment's
+    input (its residual is measured against a copy of it) and, where the model adds things between blocks, the
+    last block's outputs and what was added since. Made on the forward's first cached block, dropped with it."""
+
+    def __init__(self):
+        self.probe_input: torch.Tensor | None = None
+        self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
+        self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
+        self.external: dict[int, dict[str, torch.Tensor]] = {}
+
+
 def _stored(run: LoopState, key, segment: int) -> set:
     """The streams ``segment`` stored a residual for, in this branch's cache."""
     cache = run.caches.get(key)
@@ -223,19 +235,22 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         return as_outputs(run_block(args), out_keys)
     stream = out_keys[0]
     ev = forward.evaluation
+    scratch = forward.scratch
+    if scratch is None:
+        scratch = forward.scratch = BlockScratch()
 
     # The probe: the front blocks always run; their residual is the change signal.
     if position == 0 and decider.signal == Signal.PROBE_RESIDUAL and plan.probe_end >= 0:
-        forward.probe_input = args[stream].clone()
+        scratch.probe_input = args[stream].clone()
     if position == 0 and decider.signal == Signal.MODULATED_INPUT and modulated_input is not None:
         forward.signals[decider.id] = forward.split(modulated_input())
     segment = plan.segment_of.get(position)
     if segment is None:
         out = as_outputs(run_block(args), out_keys)
         record.blocks_run += 1
-        if position == plan.probe_end and forward.probe_input is not None:
-            residual = residual_into(out[stream], forward.probe_input)
-            forward.probe_input = None
+        if position == plan.probe_end and scratch.probe_input is not None:
+            residual = residual_into(out[stream], scratch.probe_input)
+            scratch.probe_input = None
             forward.signals[decider.id] = forward.split(residual)
         return out
 
@@ -271,11 +286,11 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         return result
 
     if position == first:
-        forward.segment_inputs[segment] = {k: args[k].clone() for k in out_keys if args.get(k) is not None}
-        forward.external.pop(segment, None)
-    elif forward.track_external and segment in forward.previous_outputs:
-        added = forward.external.setdefault(segment, {})
-        for k, before in forward.previous_outputs.pop(segment).items():
+        scratch.segment_inputs[segment] = {k: args[k].clone() for k in out_keys if args.get(k) is not None}
+        scratch.external.pop(segment, None)
+    elif forward.track_external and segment in scratch.previous_outputs:
+        added = scratch.external.setdefault(segment, {})
+        for k, before in scratch.previous_outputs.pop(segment).items():
             if args.get(k) is not None and args[k].shape == before.shape:
                 change = residual_into(args[k], before)
                 added[k] = added[k].add_(change) if k in added else change
@@ -283,10 +298,10 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     record.blocks_run += 1
     if position != last:
         if forward.track_external:
-            forward.previous_outputs[segment] = {k: out[k].clone() for k in out_keys if out.get(k) is not None}
+            scratch.previous_outputs[segment] = {k: out[k].clone() for k in out_keys if out.get(k) is not None}
         return out
-    inputs = forward.segment_inputs.pop(segment, {})
-    added = forward.external.pop(segment, {})
+    inputs = scratch.segment_inputs.pop(segment, {})
+    added = scratch.external.pop(segment, {})
     for k, before in inputs.items():
         after = out.get(k)
         if after is None:

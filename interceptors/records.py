@@ -186,13 +186,10 @@ class Forward:
         self.skip_blocks: bool | None = None  # None until the block-level decision is made
         self.refresh_back = False        # a skip's middle tier: the back segments run (BlockPlan.back_segments)
         self.forecasts: dict[BranchKey, torch.Tensor] | None = None  # computed forward: what a skip would have used
-        self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
-        self.probe_input: torch.Tensor | None = None
         self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}
         self.residuals: dict[str, dict[BranchKey, torch.Tensor]] = {}  # block residuals stored this forward
         self.track_external = False      # the model adds things between blocks (ControlNet, VACE): measure them
-        self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
-        self.external: dict[int, dict[str, torch.Tensor]] = {}
+        self.scratch: Any = None         # the block engine's working values for this forward (engine.BlockScratch)
         self.blocks_before = (evaluation.record.blocks_run, evaluation.record.blocks_total)  # the record's counts
 
     @property
