@@ -128,19 +128,19 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
     # sigma 0 the decision computes, and there is no epsilon to keep
     if ev.sigma == 0:
         return compute()
-    if not compute_it and all(run.has(k, "output") for k in forward.keys):
+    if not compute_it and all(run.caches.has(k, "output") for k in forward.keys):
         forward.computed = False
         forward.model_skipped = True
         run.skipped(decider)
-        eps = forward.join({k: run.estimate(k, "output", ev.sigma, x) for k in forward.keys})
+        eps = forward.join({k: run.caches.estimate(k, "output", ev.sigma, x) for k in forward.keys})
         return from_eps(x, eps, sigma)
     out = compute()
     outputs = forward.split(to_eps(x, out, sigma))
     if decider.verifies_forecast:  # what a skip would have used here, for the decider to check against the model
-        forward.forecasts = {k: run.estimate(k, "output", ev.sigma, eps) for k, eps in outputs.items()
-                             if run.has(k, "output")}
+        forward.forecasts = {k: run.caches.estimate(k, "output", ev.sigma, eps) for k, eps in outputs.items()
+                             if run.caches.has(k, "output")}
     for key, eps in outputs.items():
-        run.store(key, "output", eps, ev.sigma)
+        run.caches.store(key, "output", eps, ev.sigma)
     decider.computed(run, ev, forward, signals, outputs)
     return out
 
@@ -197,18 +197,6 @@ class BlockScratch:
         self.external: dict[int, dict[str, torch.Tensor]] = {}
 
 
-def _stored(run: LoopState, key, segment: int) -> set:
-    """The streams ``segment`` stored a residual for, in this branch's cache."""
-    cache = run.caches.get(key)
-    return cache.segment_streams.get(segment, set()) if cache is not None else set()
-
-
-def _segments_cached(run: LoopState, plan: "BlockPlan", key) -> bool:
-    """Every segment has residuals for this branch (the streams the model really produced)."""
-    return all(_stored(run, key, s) and all(run.has(key, f"{s}.{k}") for k in _stored(run, key, s))
-               for s in range(len(plan.segments)))
-
-
 def as_outputs(result, out_keys: tuple[str, ...]) -> dict:
     return result if isinstance(result, dict) else {out_keys[0]: result}
 
@@ -258,7 +246,8 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     if forward.skip_blocks is None:  # the first skippable block decides for the whole forward
         signals = forward.signals.get(decider.id)
         compute_it = run.decide(decider, signals)
-        forward.skip_blocks = not compute_it and all(_segments_cached(run, plan, key) for key in forward.keys)
+        forward.skip_blocks = not compute_it and all(run.caches.segments_cached(key, len(plan.segments))
+                                                     for key in forward.keys)
         if forward.skip_blocks:
             forward.computed = False
             run.skipped(decider)
@@ -278,10 +267,11 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         result = {}
         for k in out_keys:
             base = args.get(k)
-            if base is None or not all(k in _stored(run, key, segment) for key in forward.keys):
+            if base is None or not all(k in run.caches.streams(key, segment) for key in forward.keys):
                 result[k] = base
                 continue
-            delta = forward.join({key: run.estimate(key, f"{segment}.{k}", ev.sigma, base) for key in forward.keys})
+            delta = forward.join({key: run.caches.estimate(key, f"{segment}.{k}", ev.sigma, base)
+                                  for key in forward.keys})
             result[k] = base + delta
         return result
 
@@ -316,8 +306,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
                      f"skipped span passes that stream through unchanged")
             continue
         for key, value in parts.items():
-            run.store(key, f"{segment}.{k}", value, ev.sigma)
-            run.cache_of(key).segment_streams.setdefault(segment, set()).add(k)
+            run.caches.store_residual(key, segment, k, value, ev.sigma)
             forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
     if segment == len(plan.segments) - 1:
         decider.computed(run, ev, forward, forward.signals.get(decider.id))

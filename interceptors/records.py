@@ -1,7 +1,7 @@
 """The plain records of one run: whose cache a batch row may read (:class:`BranchKey`), one sampler evaluation
 (:class:`Evaluation`) and one batched model call in it (:class:`Forward`), what an evaluation did
 (:class:`EvaluationRecord`), and the run's bookkeeping per decider and per branch. Data only: the rules that fill
-them live in :mod:`.state` and :mod:`.engine`."""
+them live in the run's parts (:mod:`.lifecycle`, :mod:`.decisions`, :mod:`.caches`) and :mod:`.engine`."""
 from __future__ import annotations
 
 import dataclasses
