@@ -57,7 +57,6 @@ class LoopState:
         self.notes: list[str] = []  # what the run switched off or could not do, said once each
         self.off = False  # caching switched off for the whole run (switch_off): every forward computed in full
         self._off_lock = threading.Lock()
-        self.foreign_slot_forwards = 0  # forwards in which another patch served some of the pack's block slots
         self.lifecycle = Lifecycle(self.sample_sigmas, first_step, schedule_steps)
         self.decisions = Decisions(chain, percent_to_sigma, group)
         self.caches = Caches(self.estimator, self.sample_sigmas, cache_device)
