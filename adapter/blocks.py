@@ -29,8 +29,7 @@ def install_blocks(model, card: ModelCard, plan: BlockPlan, modulated=None) -> N
         group = next(g for g in card.groups if g.name == group_name)
         previous = existing.get((group_name, index))
         model.set_model_patch_replace(
-            _block_replacement(plan, position, group.outputs, previous, modulated if position == 0 else None,
-                               group.packed_as),
+            BlockSlot(plan, position, group.outputs, previous, modulated if position == 0 else None, group.packed_as),
             "dit", group_name, index)
 
 
@@ -71,9 +70,31 @@ def _packed(packed_as: str, names: tuple[str, ...], values: dict) -> dict:
     return out
 
 
-def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous, modulated=None,
-                       packed_as: str | None = None):
-    def replacement(args, extra):
+class BlockSlot:
+    """The pack's replacement in one block slot (ComfyUI calls it with the block's ``args`` and ``extra``): runs the
+    block at ``position`` through the engine, chained to the replacement registered there before (``previous``).
+    It holds only the slot's settings, never a run (each call finds its run in the options), and, as a function
+    would be, it is copied as itself: ComfyUI v0.8.0 deep-copies a model's options, with their block replacements,
+    on every clone."""
+
+    def __init__(self, plan: BlockPlan, position: int, out_keys: tuple[str, ...], previous, modulated=None,
+                 packed_as: str | None = None):
+        self.plan = plan
+        self.out_keys = out_keys
+        self.modulated = modulated
+        self.packed_as = packed_as
+        self.cached_sampler_position = position
+        self.cached_sampler_previous = previous  # what uninstalling puts back
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __call__(self, args, extra):
+        position, out_keys, packed_as = self.cached_sampler_position, self.out_keys, self.packed_as
+        previous, modulated = self.cached_sampler_previous, self.modulated
         original = extra["original_block"]
         if previous is not None:
             run_block = lambda a: previous(a, dict(extra, original_block=original))  # noqa: E731
@@ -93,11 +114,8 @@ def _block_replacement(plan: BlockPlan, position: int, out_keys: tuple[str, ...]
         if position == 0:
             _first_block(run, args, out_keys[0])
         signal = (lambda: modulated(args)) if modulated is not None else None
-        out = block_call(run, plan, position, out_keys, args, run_block, signal)
+        out = block_call(run, self.plan, position, out_keys, args, run_block, signal)
         return _packed(packed_as, out_keys, out) if packed_as is not None else out
-    replacement.cached_sampler_position = position
-    replacement.cached_sampler_previous = previous  # what uninstalling puts back
-    return replacement
 
 
 def remove_blocks(transformer_options: dict) -> None:

@@ -189,11 +189,12 @@ def check_guider(run: LoopState, guidance, guider) -> None:
 
 
 
-def note_slots_taken(run: LoopState) -> None:
-    """One forward per step with foreign block slots is Skip Layer Guidance's extra pass, and expected; a run in
-    which every forward had them never cached a block, which must not pass silently."""
+def note_slots_taken(run: LoopState, foreign_slot_forwards: int) -> None:
+    """``foreign_slot_forwards`` of ``run``'s forwards had block slots another patch served (:func:`slots_taken`).
+    One per step is Skip Layer Guidance's extra pass, and expected; a run in which every forward had them never
+    cached a block, which must not pass silently."""
     forwards = sum(r.forwards_computed + r.forwards_skipped for r in run.records)
-    if forwards and run.foreign_slot_forwards == forwards:
+    if forwards and foreign_slot_forwards == forwards:
         run.note("another patch replaced the pack's transformer-block slots in every forward, so no block was ever "
                  "cached (a block-replacing node applied after Apply Interceptors?): apply that node before the "
                  "caching, where the pack chains to it")

@@ -44,17 +44,55 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         raise ChainError("\n".join(problems))
     decider = chain.decider(Granularity.BLOCKS)
     modulated = signal_probe(card, model, decider) if decider is not None else None
-    patched = model.clone()
-    if compile_apart:
-        compiled_blocks.compile_blocks(patched, card)
-    patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
-    observers = [NaNWatch()]
-    block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
-    guidance = chain.decider(Granularity.GUIDANCE)
-    if on_evaluation is not None:
-        observers.append(_EvaluationHook(on_evaluation))
+    installation = Installation(chain, card, cache_on_cpu=cache_on_cpu, on_run_end=on_run_end,
+                                on_evaluation=on_evaluation, schedule=schedule, rank_group=rank_group)
+    return installation.patch(model, modulated, compile_apart)
 
-    def outer_sample(executor, *args, **kwargs):
+
+class Installation:
+    """One chain installed on one model: ComfyUI's hooks, as methods, and what they share. Each sampling run gets
+    a fresh :class:`LoopState` (:meth:`outer_sample`); what only the adapter counts of a run (the forwards in which
+    another patch served some of the pack's block slots) is kept here per run, and dropped as the run ends."""
+
+    def __init__(self, chain: InterceptorChain, card, *, cache_on_cpu: bool = False,
+                 on_run_end: Callable | None = None, on_evaluation: Callable | None = None,
+                 schedule: tuple[int, int] | None = None, rank_group: Callable[[], RankGroup | None] | None = None):
+        self.chain = chain
+        self.card = card
+        self.cache_on_cpu = cache_on_cpu
+        self.on_run_end = on_run_end
+        self.schedule = schedule
+        self.rank_group = rank_group
+        self.guidance = chain.decider(Granularity.GUIDANCE)
+        self.observers = [NaNWatch()]
+        if on_evaluation is not None:
+            self.observers.append(_EvaluationHook(on_evaluation))
+        self.block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
+        self.foreign_slot_forwards: dict[LoopState, int] = {}  # run -> forwards whose slots another patch served
+
+    def patch(self, model, modulated=None, compile_apart: bool = False):
+        """A clone of ``model`` with the chain and every hook on it; with ``compile_apart``, its whole-model compile
+        replaced by one compile per block (adapter/compiled_blocks.py)."""
+        chain, card = self.chain, self.card
+        patched = model.clone()
+        if compile_apart:
+            compiled_blocks.compile_blocks(patched, card)
+        patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
+        patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, self.outer_sample)
+        if self.guidance is not None:
+            patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, self.calc_cond_batch)
+        patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, self.predict_noise)
+        patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, self.apply_model)
+        decider = chain.decider(Granularity.BLOCKS)
+        if decider is not None:
+            install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()),
+                           modulated)
+            self.block_slots.update({(group, index): position for group, index, position in card.block_positions()})
+        return patched
+
+    def outer_sample(self, executor, *args, **kwargs):
+        """One sampling run: a fresh run state for it, its summary and its release."""
+        chain, schedule = self.chain, self.schedule
         guider = executor.class_obj
         # EasyCache or TorchCompileModel may have been applied after Apply Interceptors: check again, before
         # anything is sampled (ComfyUI has merged every wrapper of the model into the run's options by now).
@@ -67,21 +105,22 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         sampling = guider.model_patcher.get_model_object("model_sampling")
         first_step, schedule_steps = schedule or (0, None)
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
-                        cache_device="cpu" if cache_on_cpu else None, observers=observers,
+                        cache_device="cpu" if self.cache_on_cpu else None, observers=self.observers,
                         first_step=first_step, schedule_steps=schedule_steps,
-                        group=rank_group() if rank_group is not None else None,
-                        sampler=sampler_identity(sampler), cfg=guider_cfg(guider), card=card)
+                        group=self.rank_group() if self.rank_group is not None else None,
+                        sampler=sampler_identity(sampler), cfg=guider_cfg(guider), card=self.card)
         if schedule is None:
             _note_partial_run(run, chain, run.sample_sigmas, float(sampling.sigma_max))
-        if guidance is not None:
-            conflicts.check_guider(run, guidance, guider)
+        if self.guidance is not None:
+            conflicts.check_guider(run, self.guidance, guider)
         conflicts.note_stateful_patches(run, guider.model_options)
         options = guider.model_options.setdefault("transformer_options", {})
         if conflicts.adaptive_step(run.sampler):
-            run.switch_off(f"{conflicts.sampler_name(run.sampler)} picks its own steps by error control, and skipped or "
-                           f"estimated model work would defeat it (it answers with more steps, not fewer): caching "
-                           f"was switched off for this run, and every evaluation was computed.")
+            run.switch_off(f"{conflicts.sampler_name(run.sampler)} picks its own steps by error control, and skipped "
+                           f"or estimated model work would defeat it (it answers with more steps, not fewer): "
+                           f"caching was switched off for this run, and every evaluation was computed.")
         options[STATE_KEY] = run
+        self.foreign_slot_forwards[run] = 0
         started = time.perf_counter()
         try:
             result = executor(*args, **kwargs)
@@ -90,14 +129,15 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
             return result
         finally:
             options.pop(STATE_KEY, None)
-            conflicts.note_slots_taken(run)
+            conflicts.note_slots_taken(run, self.foreign_slot_forwards.pop(run, 0))
             summary = summarize(run, time.perf_counter() - started)
             log.info("Cached Sampler: %s", summary.text())
-            if on_run_end is not None:
-                on_run_end(run, summary)
+            if self.on_run_end is not None:
+                self.on_run_end(run, summary)
             run.release_caches()
 
-    def predict_noise(executor, x, timestep, model_options, seed):
+    def predict_noise(self, executor, x, timestep, model_options, seed):
+        """One sampler evaluation (all CFG branches of a step)."""
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
         if run is None:
             return executor(x, timestep, model_options, seed)
@@ -116,7 +156,9 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         finally:
             run.end_evaluation()
 
-    def apply_model(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options={}, **kw):
+    def apply_model(self, executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options={},
+                    **kw):
+        """One batched forward: whole-model caching, and the forward the block replacements work in."""
         run = conflicts.active_run(transformer_options)
         if run is None or conflicts.AR_STATE_KEY in transformer_options:
             return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kw)
@@ -127,10 +169,11 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         forward = run.begin_forward(sigma, x.shape[0], tuple(x.shape[1:]), x.dtype,
                                     transformer_options.get("cond_or_uncond"), transformer_options.get("uuids"),
                                     frames=_window_frames(window))
-        forward.track_external = adds_between_blocks(card, control, transformer_options, kw)
-        if block_slots and conflicts.slots_taken(transformer_options, block_slots):
+        forward.track_external = adds_between_blocks(self.card, control, transformer_options, kw)
+        if self.block_slots and conflicts.slots_taken(transformer_options, self.block_slots):
             forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
-            run.foreign_slot_forwards += 1
+            if run in self.foreign_slot_forwards:  # a run this installation began (outer_sample)
+                self.foreign_slot_forwards[run] += 1
         output = None
         try:
             output = model_forward(run, forward, x, t, lambda: executor(
@@ -139,7 +182,8 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         finally:
             run.end_forward(forward, output)
 
-    def calc_cond_batch(executor, model, conds, x_in, timestep, model_options):
+    def calc_cond_batch(self, executor, model, conds, x_in, timestep, model_options):
+        """The guider's conds list of one evaluation (Guidance Cache only)."""
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
         if run is not None and not run.off and not run.decided_ahead and conflicts.native_multigpu(model_options):
             conflicts.share_decisions(run, model_options)
@@ -149,18 +193,6 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
         return guided_batch(run, conds, x_in, timestep,
                             lambda subset: executor(model, subset, x_in, timestep, model_options),
                             window=tuple(window.index_list) if window is not None else None)
-
-    patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
-    if guidance is not None:
-        patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, calc_cond_batch)
-    patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, predict_noise)
-    patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, apply_model)
-    if decider is not None:
-        install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()),
-                        modulated)
-        block_slots.update({(group, index): position for group, index, position in card.block_positions()})
-    return patched
-
 
 
 def _window_frames(window) -> tuple[int, ...] | None:
@@ -178,9 +210,6 @@ def sampler_identity(sampler) -> str:
     options = getattr(sampler, "extra_options", None) or {}
     simple = sorted((k, v) for k, v in options.items() if isinstance(v, (bool, int, float, str)))
     return f"{name}({', '.join(f'{k}={v}' for k, v in simple)})" if simple else name
-
-
-
 
 
 def guider_cfg(guider) -> float | None:
@@ -205,7 +234,6 @@ def _note_partial_run(run: LoopState, chain: InterceptorChain, sigmas: list[floa
                  f"count steps over the run's own steps. A Cached Sampler node places them exactly.")
 
 
-
 def uninstall(model):
     """A clone of ``model`` without the chain :func:`install` put on it (wrappers, block replacements, the chain
     itself), the block replacements it chained to put back; ``model`` itself when it runs no chain. Lets a model
@@ -220,7 +248,6 @@ def uninstall(model):
     options.pop(CHAIN_KEY, None)
     remove_blocks(options)
     return clean
-
 
 
 class _EvaluationHook:

@@ -128,19 +128,19 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
     # sigma 0 the decision computes, and there is no epsilon to keep
     if ev.sigma == 0:
         return compute()
-    if not compute_it and all(run.has(k, "output") for k in forward.keys):
+    if not compute_it and all(run.caches.has(k, "output") for k in forward.keys):
         forward.computed = False
         forward.model_skipped = True
         run.skipped(decider)
-        eps = forward.join({k: run.estimate(k, "output", ev.sigma, x) for k in forward.keys})
+        eps = forward.join({k: run.caches.estimate(k, "output", ev.sigma, x) for k in forward.keys})
         return from_eps(x, eps, sigma)
     out = compute()
     outputs = forward.split(to_eps(x, out, sigma))
     if decider.verifies_forecast:  # what a skip would have used here, for the decider to check against the model
-        forward.forecasts = {k: run.estimate(k, "output", ev.sigma, eps) for k, eps in outputs.items()
-                             if run.has(k, "output")}
+        forward.forecasts = {k: run.caches.estimate(k, "output", ev.sigma, eps) for k, eps in outputs.items()
+                             if run.caches.has(k, "output")}
     for key, eps in outputs.items():
-        run.store(key, "output", eps, ev.sigma)
+        run.caches.store(key, "output", eps, ev.sigma)
     decider.computed(run, ev, forward, signals, outputs)
     return out
 
@@ -185,16 +185,16 @@ class BlockPlan:
         return bool(self.segments)
 
 
-def _stored(run: LoopState, key, segment: int) -> set:
-    """The streams ``segment`` stored a residual for, in this branch's cache."""
-    cache = run.caches.get(key)
-    return cache.segment_streams.get(segment, set()) if cache is not None else set()
+class BlockScratch:
+    """What the block engine carries from one block of a forward to the next: the probe's input, each segment's
+    input (its residual is measured against a copy of it) and, where the model adds things between blocks, the
+    last block's outputs and what was added since. Made on the forward's first cached block, dropped with it."""
 
-
-def _segments_cached(run: LoopState, plan: "BlockPlan", key) -> bool:
-    """Every segment has residuals for this branch (the streams the model really produced)."""
-    return all(_stored(run, key, s) and all(run.has(key, f"{s}.{k}") for k in _stored(run, key, s))
-               for s in range(len(plan.segments)))
+    def __init__(self):
+        self.probe_input: torch.Tensor | None = None
+        self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
+        self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
+        self.external: dict[int, dict[str, torch.Tensor]] = {}
 
 
 def as_outputs(result, out_keys: tuple[str, ...]) -> dict:
@@ -222,19 +222,22 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         return as_outputs(run_block(args), out_keys)
     stream = out_keys[0]
     ev = forward.evaluation
+    scratch = forward.scratch
+    if scratch is None:
+        scratch = forward.scratch = BlockScratch()
 
     # The probe: the front blocks always run; their residual is the change signal.
     if position == 0 and decider.signal == Signal.PROBE_RESIDUAL and plan.probe_end >= 0:
-        forward.probe_input = args[stream].clone()
+        scratch.probe_input = args[stream].clone()
     if position == 0 and decider.signal == Signal.MODULATED_INPUT and modulated_input is not None:
         forward.signals[decider.id] = forward.split(modulated_input())
     segment = plan.segment_of.get(position)
     if segment is None:
         out = as_outputs(run_block(args), out_keys)
         forward.blocks_run += 1
-        if position == plan.probe_end and forward.probe_input is not None:
-            residual = residual_into(out[stream], forward.probe_input)
-            forward.probe_input = None
+        if position == plan.probe_end and scratch.probe_input is not None:
+            residual = residual_into(out[stream], scratch.probe_input)
+            scratch.probe_input = None
             forward.signals[decider.id] = forward.split(residual)
         return out
 
@@ -242,7 +245,8 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     if forward.skip_blocks is None:  # the first skippable block decides for the whole forward
         signals = forward.signals.get(decider.id)
         compute_it = run.decide(decider, signals)
-        forward.skip_blocks = not compute_it and all(_segments_cached(run, plan, key) for key in forward.keys)
+        forward.skip_blocks = not compute_it and all(run.caches.segments_cached(key, len(plan.segments))
+                                                     for key in forward.keys)
         if forward.skip_blocks:
             forward.computed = False
             run.skipped(decider)
@@ -262,19 +266,20 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         result = {}
         for k in out_keys:
             base = args.get(k)
-            if base is None or not all(k in _stored(run, key, segment) for key in forward.keys):
+            if base is None or not all(k in run.caches.streams(key, segment) for key in forward.keys):
                 result[k] = base
                 continue
-            delta = forward.join({key: run.estimate(key, f"{segment}.{k}", ev.sigma, base) for key in forward.keys})
+            delta = forward.join({key: run.caches.estimate(key, f"{segment}.{k}", ev.sigma, base)
+                                  for key in forward.keys})
             result[k] = base + delta
         return result
 
     if position == first:
-        forward.segment_inputs[segment] = {k: args[k].clone() for k in out_keys if args.get(k) is not None}
-        forward.external.pop(segment, None)
-    elif forward.track_external and segment in forward.previous_outputs:
-        added = forward.external.setdefault(segment, {})
-        for k, before in forward.previous_outputs.pop(segment).items():
+        scratch.segment_inputs[segment] = {k: args[k].clone() for k in out_keys if args.get(k) is not None}
+        scratch.external.pop(segment, None)
+    elif forward.track_external and segment in scratch.previous_outputs:
+        added = scratch.external.setdefault(segment, {})
+        for k, before in scratch.previous_outputs.pop(segment).items():
             if args.get(k) is not None and args[k].shape == before.shape:
                 change = residual_into(args[k], before)
                 added[k] = added[k].add_(change) if k in added else change
@@ -282,10 +287,10 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
     forward.blocks_run += 1
     if position != last:
         if forward.track_external:
-            forward.previous_outputs[segment] = {k: out[k].clone() for k in out_keys if out.get(k) is not None}
+            scratch.previous_outputs[segment] = {k: out[k].clone() for k in out_keys if out.get(k) is not None}
         return out
-    inputs = forward.segment_inputs.pop(segment, {})
-    added = forward.external.pop(segment, {})
+    inputs = scratch.segment_inputs.pop(segment, {})
+    added = scratch.external.pop(segment, {})
     for k, before in inputs.items():
         after = out.get(k)
         if after is None:
@@ -300,8 +305,7 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
                      f"skipped span passes that stream through unchanged")
             continue
         for key, value in parts.items():
-            run.store(key, f"{segment}.{k}", value, ev.sigma)
-            run.cache_of(key).segment_streams.setdefault(segment, set()).add(k)
+            run.caches.store_residual(key, segment, k, value, ev.sigma)
             forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
     if segment == len(plan.segments) - 1:
         decider.computed(run, ev, forward, forward.signals.get(decider.id))

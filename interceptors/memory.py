@@ -1,6 +1,6 @@
 """How many bytes each caching method keeps between steps, from the shape of a model's block stream.
 
-The same accounting the run itself does (``LoopState.measure_cache``), as arithmetic, so memory can be
+The same accounting the run itself does (``Caches.measure``), as arithmetic, so memory can be
 known before a 14B video model is loaded. Per CFG branch a run keeps:
 
 * block-level methods (DBCache, First Block Cache, TeaCache, MagCache): one residual per skippable

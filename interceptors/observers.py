@@ -78,7 +78,7 @@ def out_of_range(run, keys, sigma: float) -> str | None:
     non-finite output has been found, so it may take its time."""
     estimator = run.chain.estimator
     for key in keys:
-        cache = run.caches.get(key)
+        cache = run.caches.branches.get(key)
         for name, slot in (cache.slots.items() if cache is not None else ()):
             if not estimator.ready(slot):
                 continue

@@ -1,7 +1,7 @@
 """The plain records of one run: whose cache a batch row may read (:class:`BranchKey`), one sampler evaluation
 (:class:`Evaluation`) and one batched model call in it (:class:`Forward`), what an evaluation did
 (:class:`EvaluationRecord`), and the run's bookkeeping per decider and per branch. Data only: the rules that fill
-them live in :mod:`.state` and :mod:`.engine`."""
+them live in the run's parts (:mod:`.lifecycle`, :mod:`.decisions`, :mod:`.caches`) and :mod:`.engine`."""
 from __future__ import annotations
 
 import dataclasses
@@ -186,13 +186,10 @@ class Forward:
         self.skip_blocks: bool | None = None  # None until the block-level decision is made
         self.refresh_back = False        # a skip's middle tier: the back segments run (BlockPlan.back_segments)
         self.forecasts: dict[BranchKey, torch.Tensor] | None = None  # computed forward: what a skip would have used
-        self.segment_inputs: dict[int, dict[str, torch.Tensor]] = {}
-        self.probe_input: torch.Tensor | None = None
         self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}
         self.residuals: dict[str, dict[BranchKey, torch.Tensor]] = {}  # block residuals stored this forward
         self.track_external = False      # the model adds things between blocks (ControlNet, VACE): measure them
-        self.previous_outputs: dict[int, dict[str, torch.Tensor]] = {}
-        self.external: dict[int, dict[str, torch.Tensor]] = {}
+        self.scratch: Any = None         # the block engine's working values for this forward (engine.BlockScratch)
         self.blocks_run = 0     # of its blocks that went through the pack's slots: those that ran, and all
         self.blocks_total = 0
 

@@ -93,8 +93,8 @@ def test_branch_caches_never_cross():
     model_forward(run, fwd, batch, torch.ones(2), lambda: batch * 0.5)
     run.end_forward(fwd, None)
     run.end_evaluation()
-    uncond = next(k for k in run.caches if k.branch == 1)
-    run.caches[uncond].slots["output"].value = torch.full((1, 3), float("nan"))
+    uncond = next(k for k in run.caches.branches if k.branch == 1)
+    run.caches.branches[uncond].slots["output"].value = torch.full((1, 3), float("nan"))
     run.begin_evaluation(0.9)
     fwd = run.begin_forward(0.9, 2, (3,), batch.dtype, [1, 0], ["u", "c"])
     out = model_forward(run, fwd, batch, torch.full((2,), 0.9), lambda: batch)
@@ -127,7 +127,7 @@ def test_loop_states_are_independent():
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2)])
     a, b = ic.LoopState(chain, SIGMAS), ic.LoopState(chain, SIGMAS)
     drive(a, CountingModel(), torch.ones(1, 2))
-    assert not b.records and not b.caches
+    assert not b.records and not b.caches.branches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +183,7 @@ def test_block_skip_uses_cloned_input_even_when_blocks_mutate_in_place():
         if i == 1:
             assert not fwd.computed
             assert torch.allclose(img, full, atol=1e-6)  # same input: reused residual reproduces the result
-    residual = next(iter(run.caches.values())).slots["0.img"].value
+    residual = next(iter(run.caches.branches.values())).slots["0.img"].value
     assert residual.abs().sum() > 0
 
 

@@ -123,7 +123,7 @@ def test_threshold_zero_is_bit_identical_and_runs_every_block():
     ran.clear()
     run, outs, _ = drive_blocks(ic.VerifiedBlockCache(threshold=0.0, **WINDOW), blocks, ic.TaylorSeer(order=2))
     assert len(ran) == 5 * 16 and all(torch.equal(a, b) for a, b in zip(outs, plain))
-    assert "probe" not in next(iter(run.caches.values())).slots  # nothing kept for a check never made
+    assert "probe" not in next(iter(run.caches.branches.values())).slots  # nothing kept for a check never made
 
 
 class CheckedAgainstTheLastComputedStep(ic.VerifiedBlockCache):

@@ -104,12 +104,12 @@ def test_nothing_of_a_run_outlives_it(comfy, name):
 @pytest.mark.parametrize("name", methods.NAMES)
 def test_every_kept_tensor_goes_to_the_cache_device(comfy, name, monkeypatch):
     """cache_on_cpu: every tensor a run keeps across evaluations (estimator slots, block residuals, decider anchors)
-    is placed by LoopState.to_cache. On a CPU-only machine the cache device and the compute device are the same, so
-    placement is checked by identity: at the end of every evaluation each tensor the run holds must be one that
-    to_cache returned. The result must not change."""
-    state = comfy.module("interceptors.state")
+    is placed by the run's Caches.to_cache. On a CPU-only machine the cache device and the compute device are the
+    same, so placement is checked by identity: at the end of every evaluation each tensor the run holds must be one
+    that to_cache returned. The result must not change."""
+    caches = comfy.module("interceptors.caches")
     placed = set()
-    original = state.LoopState.to_cache
+    original = caches.Caches.to_cache
 
     def to_cache(self, value):
         out = original(self, value)
@@ -117,20 +117,20 @@ def test_every_kept_tensor_goes_to_the_cache_device(comfy, name, monkeypatch):
         placed.add(id(out))
         return out
 
-    monkeypatch.setattr(state.LoopState, "to_cache", to_cache)
+    monkeypatch.setattr(caches.Caches, "to_cache", to_cache)
     strays = []
 
     def check(run, ev):
         # Deferred reads (the NaN watch's per-row finiteness flags, a rate's sums) are not cached values: they
         # stay on the compute device until the next transfer to the host reads them.
         strays.extend(path for path, tensor in tensors_in(run, with_values=True)
-                      if id(tensor) not in placed and not path.startswith("run.deferred"))
+                      if id(tensor) not in placed and not path.startswith("run.lifecycle.deferred"))
 
     chain = _chain_of(comfy, name)
     on_cpu, runs = _sample(comfy, chain, cache_on_cpu=True, on_evaluation=check)
     assert placed and methods.skipped_work(runs[0])
     assert strays == []
-    monkeypatch.setattr(state.LoopState, "to_cache", original)
+    monkeypatch.setattr(caches.Caches, "to_cache", original)
     on_device, _ = _sample(comfy, chain)
     assert torch.equal(on_cpu, on_device)
 

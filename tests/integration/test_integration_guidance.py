@@ -336,7 +336,7 @@ def _windowed(comfy, monkeypatch, schedule, frames=24, steps=8, kept=None):
 
     def logged_end_evaluation(self):
         ev, (gc,) = self.evaluation, [d for d in self.chain.deciders if d.kind == "guidance_cache"]
-        held = self.branch_states.get(gc.id, {})
+        held = self.caches.branch_states.get(gc.id, {})
         evaluations.append({"index": ev.index, "held": set(held), "tensors": len(tensors_in(held)),
                             "asked": {key for index, key in asked if index == ev.index}})
         return end_evaluation(self)

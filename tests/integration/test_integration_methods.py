@@ -262,7 +262,7 @@ def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, sp
             slot.value = value * 7.0 + 3.0 if slot.branch == 1 else value
 
     def tag_branches(run, ev):
-        for key, cache in run.caches.items():
+        for key, cache in run.caches.branches.items():
             for slot in cache.slots.values():
                 slot.branch = key.branch
 
@@ -324,7 +324,7 @@ def test_caches_of_windows_that_moved_away_are_dropped_during_the_run(comfy, sch
     held, used = [], []
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2), ic.TaylorSeer(order=1)])
     patched = adapter.install(model, chain, on_evaluation=lambda run, ev: (
-        held.append({k.frames for k in run.caches}), used.append({ident[-1] for ident in ev.occurrences})))
+        held.append({k.frames for k in run.caches.branches}), used.append({ident[-1] for ident in ev.occurrences})))
     positive, negative = tiny_models.conditioning("wan21", seed=1)
     latent = tiny_models.latent("wan21", seed=5)
     latent = {"samples": latent["samples"].repeat(9, *[1] * (latent["samples"].ndim - 1))}

@@ -14,7 +14,7 @@ from devkit.pack import load_core
 
 
 ic = load_core()
-state = importlib.import_module(f"{ic.__name__}.state")
+caches = importlib.import_module(f"{ic.__name__}.caches")
 memory = importlib.import_module(f"{ic.__name__}.memory")
 STEPS = 12
 
@@ -29,7 +29,7 @@ def test_held_bytes_counts_each_storage_once_per_device_through_dicts_lists_and_
     other = torch.zeros(3, dtype=torch.bfloat16)   # 6 bytes
     root = {"a": {0: both[:1], 1: both[1:]}, "b": [both, (other,)], "c": Anchor(other), "n": 1.5}
     root["self"] = root                            # a cycle is walked once
-    assert state.held_bytes(root) == {"cpu": 86}
+    assert caches.held_bytes(root) == {"cpu": 86}
 
 
 def test_the_summary_says_what_the_cache_held():

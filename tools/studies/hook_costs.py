@@ -27,9 +27,9 @@ import devkit  # noqa: E402,F401
 # (module of the pack, attribute path, label): what is timed
 TIMED = [("adapter.blocks", "block_call", "block hook (with the blocks)"),
          ("interceptors.state", "LoopState.decide", "decision"),
-         ("interceptors.state", "to_host", "transfer to the host"),
-         ("interceptors.state", "LoopState.store", "stores"),
-         ("interceptors.state", "LoopState.measure_cache", "held-cache accounting")]
+         ("interceptors.lifecycle", "to_host", "transfer to the host"),
+         ("interceptors.caches", "Caches.store", "stores"),
+         ("interceptors.caches", "Caches.measure", "held-cache accounting")]
 
 
 def wrap_timers(comfy, spent: dict) -> None:
