@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from ..interceptors import InterceptorChain, LoopState, RunSummary
+from ..interceptors import InterceptorChain, LoopState, PlannedSchedule, RunSummary
 from ..interceptors.records import counted_in
 from . import plot
 
@@ -138,10 +138,20 @@ class RunReport:
         lines.extend(f"note: {n}" for n in s.notes)
         return lines
 
+    def quality_hint(self) -> str | None:
+        """What the chain knows of its quality: the PSNR Auto Calibrate measured for its plan, where a run followed
+        the plan (a plan made for another sampler or schedule computes every step and says so in a note)."""
+        plan = next((d for d in self.chain.deciders if isinstance(d, PlannedSchedule) and d.quality), None)
+        if plan is None or not self.summaries:
+            return None
+        if any("calibrated for another schedule or sampler" in n for s in self.summaries for n in s.notes):
+            return None
+        return f"quality: {plan.quality.describe()}, as Auto Calibrate measured this plan"
+
     def text(self) -> str:
         if self.chain.empty:
             return "No interceptors connected: plain KSampler."
-        lines = [self.methods]
+        lines = [self.methods] + ([self.quality_hint()] if self.quality_hint() else [])
         if not self.summaries:
             lines.append("(no sampling run)")
         for i, s in enumerate(self.summaries):

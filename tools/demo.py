@@ -50,6 +50,24 @@ def grid(tiles):
     return out
 
 
+def side_by_side(plain, cached, labels: tuple[str, str], scale: int = 2):
+    """The uncached and the cached picture one above the other, each under its label, enlarged ``scale`` times."""
+    from PIL import Image, ImageDraw, ImageFont
+    try:
+        font = ImageFont.load_default(size=14)
+    except TypeError:  # Pillow before 10.1
+        font = ImageFont.load_default()
+    w, h = plain.size[0] * scale, plain.size[1] * scale
+    band = 24
+    out = Image.new("RGB", (w, 2 * (h + band)), (255, 255, 255))
+    draw = ImageDraw.Draw(out)
+    for i, (picture, label) in enumerate(((plain, labels[0]), (cached, labels[1]))):
+        top = i * (h + band)
+        draw.text((6, top + 4), label, fill=(33, 33, 33), font=font)
+        out.paste(picture.resize((w, h), Image.NEAREST), (0, top + band))
+    return out
+
+
 def psnr(a, b) -> float:
     import torch
     x = torch.frombuffer(bytearray(a.tobytes()), dtype=torch.uint8).float()
@@ -119,11 +137,15 @@ def main(argv=None) -> int:
     print()
     t_plain, t_cached = runs["uncached"][0], runs["cached"][0]
     print(f"PSNR of the cached digits against the uncached ones: {psnr(plain, cached):.1f} dB")
+    computed = summary.split("computed ")[1].split(" (")[0]
+    side_by_side(plain, cached, (f"uncached, {inputs['steps']} steps", f"First Block Cache + TaylorSeer: computed "
+                                 f"{computed}, {psnr(plain, cached):.1f} dB against the uncached")
+                 ).save(out / "side_by_side.png")
     print(f"Wall time: uncached {t_plain:.2f} s, cached {t_cached:.2f} s ({t_plain / t_cached:.2f}x; a tiny model "
           f"on a CPU, so fixed overheads weigh more than on a real one)")
     shown = [os.path.relpath(out / f) if not os.path.relpath(out / f).startswith("..") else str(out / f)
-             for f in ("uncached.png", "cached.png", "tuning_plot.png")]
-    print(f"Saved {shown[0]}, {shown[1]} and {shown[2]}")
+             for f in ("uncached.png", "cached.png", "side_by_side.png", "tuning_plot.png")]
+    print(f"Saved {', '.join(shown[:-1])} and {shown[-1]}")
     return 0
 
 

@@ -64,10 +64,11 @@ def test_a_searched_plan_on_another_sampler_computes_everything_and_says_so(comf
         _sample(prompt, dict(sampling, sampler_name=sampler), "out", 3, model="count")
         _, ui = comfy.run(prompt)
         notes = ui["out"]["cached_sampler"][0]["runs"][0]["notes"]
+        hinted = "\nquality: " in ui["out"]["text"][0]  # the plan's measured quality, only where it was followed
         if sampler == "euler":
-            assert CAPTURED["work"]["forwards"] < STEPS and not notes
+            assert CAPTURED["work"]["forwards"] < STEPS and not notes and hinted
         else:
-            assert CAPTURED["work"]["forwards"] == STEPS
+            assert CAPTURED["work"]["forwards"] == STEPS and not hinted
             assert any("calibrated for another schedule or sampler" in n for n in notes), notes
 
 

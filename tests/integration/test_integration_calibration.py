@@ -31,6 +31,9 @@ def test_auto_calibrate_budget_plan_runs_in_the_cached_sampler(comfy):
     text = ui["calibrate"]["text"][0]
     assert abs(ic.latent_psnr(CAPTURED["ref"], CAPTURED["out"]) - _reported(text, "latent")) < 0.01
     assert "not image, PSNR" in text, "without a VAE the text says plainly what was measured"
+    # the sampler's summary carries the quality the plan was measured at, as the sampler really reached it
+    hint = [line for line in ui["sampler"]["text"][0].splitlines() if line.startswith("quality: ")]
+    assert len(hint) == 1 and abs(_reported(hint[0], "latent") - _reported(text, "latent")) < 0.01, hint
 
 
 def test_a_plan_on_a_sampler_with_two_evaluations_per_step_names_evaluations_and_the_steps_they_belong_to(comfy):

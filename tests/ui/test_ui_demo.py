@@ -28,7 +28,7 @@ def test_demo_prints_summary_psnr_and_times_and_saves_images(comfy, tmp_path):
     psnr = float(re.search(r"PSNR of the cached digits against the uncached ones: ([\d.]+|inf) dB", out).group(1))
     assert psnr > 25, out
     assert re.search(r"Wall time: uncached [\d.]+ s, cached [\d.]+ s", out), out
-    for name in ("uncached.png", "cached.png", "tuning_plot.png"):
+    for name in ("uncached.png", "cached.png", "side_by_side.png", "tuning_plot.png"):
         assert Image.open(tmp_path / name).size[0] > 100
 
 
