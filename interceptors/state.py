@@ -80,7 +80,7 @@ class LoopState:
     @property
     def current_forward(self) -> Forward | None:
         """The forward this thread is running (each device's thread has its own)."""
-        return getattr(self._thread, "forward", None)
+        return getattr(self._thread, "current", None)
 
     @property
     def records(self) -> list[EvaluationRecord]:
@@ -159,7 +159,7 @@ class LoopState:
             if frames is not None:
                 for key in forward.keys:
                     self.caches.window_used(key, ev.index)
-        self._thread.forward = forward
+        self._thread.current = forward
         return forward
 
     def end_forward(self, forward: Forward, output: torch.Tensor | None) -> None:
@@ -168,7 +168,7 @@ class LoopState:
         if output is not None:
             for obs in self.observers:
                 obs.on_forward(self, forward, output)
-        self._thread.forward = None
+        self._thread.current = None
 
     # -- transfers to the host -----------------------------------------------------------------------
     def read_later(self, tensors: list[torch.Tensor], then: Callable[[list[list[float]]], None]) -> None:
