@@ -3,14 +3,15 @@
 Loads the pack into a headless ComfyUI (as the tests do), turns example_workflows/tiny_digits_tuning_plot.json
 into a prompt, and runs it through ComfyUI's executor twice: once with the caching chain disconnected
 (plain KSampler) and once as saved (First Block Cache + TaylorSeer). Prints the run summary, the PSNR of
-the cached digits against the uncached ones and the wall time of each, and saves both images and the
-tuning plot.
+the cached digits against the uncached ones and the wall time of each, and saves both images, the two one above
+the other, and the tuning plot. ``--model video`` does the same with the bundled tiny video model (8 classes of
+moving shapes, 28 steps) and the video recipe's Adaptive Cache 0.1 + TaylorSeer: a row of 8 frames per video.
 
 Needs nothing beyond what ComfyUI's own requirements install: run it with the Python that runs ComfyUI (its
 virtual environment activated), from the pack's folder; ComfyUI is found through ``COMFYUI_PATH``, the folder
 above ``custom_nodes/`` when the pack is installed there, or ``~/ComfyUI``.
 
-    python3 tools/demo.py [--threshold 0.25] [--steps 20] [--out artifacts/demo]
+    python3 tools/demo.py [--model digits|video] [--threshold 0.25] [--steps 20] [--out artifacts/demo]
 """
 from __future__ import annotations
 
@@ -41,30 +42,53 @@ def images(comfy, outputs: dict, node_id: str):
             for i in outputs[node_id]["images"]]
 
 
-def grid(tiles):
+def grid(tiles, columns=None):
+    """The tiles in rows of ``columns`` (all in one row by default)."""
     from PIL import Image
     w, h = tiles[0].size
-    out = Image.new("RGB", (w * len(tiles), h))
+    columns = columns or len(tiles)
+    rows = -(-len(tiles) // columns)
+    out = Image.new("RGB", (w * columns, h * rows))
     for i, t in enumerate(tiles):
-        out.paste(t, (i * w, 0))
+        out.paste(t, ((i % columns) * w, (i // columns) * h))
     return out
 
 
-def side_by_side(plain, cached, labels: tuple[str, str], scale: int = 2):
-    """The uncached and the cached picture one above the other, each under its label, enlarged ``scale`` times."""
+def video_prompt() -> dict:
+    """The tiny video model sampled by a Cached Sampler with the video recipe's chain, its frames and tuning plot
+    previewed (node ids named as the digits workflow's roles)."""
+    sampling = {"seed": 0, "steps": 28, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}
+    return {
+        "video": {"class_type": "CachedSamplerVideoModel", "inputs": {"classes": "01234567"}},
+        "cache": {"class_type": "CachedSamplerAdaptiveCache", "inputs": {
+            "threshold": 0.1, "max_consecutive_cached": -1, "start_percent": 0.15, "end_percent": 0.95}},
+        "ts": {"class_type": "CachedSamplerTaylorSeer", "inputs": {"order": 1, "interceptors": ["cache", 0]}},
+        "sampler": {"class_type": "CachedSampler", "inputs": {
+            "model": ["video", 0], "positive": ["video", 1], "negative": ["video", 2], "latent_image": ["video", 3],
+            "interceptors": ["ts", 0], **sampling}},
+        "decode": {"class_type": "VAEDecode", "inputs": {"samples": ["sampler", 0], "vae": ["video", 4]}},
+        "frames": {"class_type": "PreviewImage", "inputs": {"images": ["decode", 0]}},
+        "plot": {"class_type": "PreviewImage", "inputs": {"images": ["sampler", 1]}},
+    }
+
+
+def side_by_side(plain, cached, labels: tuple[str, str], scale: int = 2, across: bool = False):
+    """The uncached and the cached picture, each under its label, enlarged ``scale`` times: one above the other,
+    or next to each other (``across``)."""
     from PIL import Image, ImageDraw, ImageFont
     try:
         font = ImageFont.load_default(size=14)
     except TypeError:  # Pillow before 10.1
         font = ImageFont.load_default()
     w, h = plain.size[0] * scale, plain.size[1] * scale
-    band = 24
-    out = Image.new("RGB", (w, 2 * (h + band)), (255, 255, 255))
+    band, gap = 24, 12 if across else 0
+    size = (2 * w + gap, h + band) if across else (w, 2 * (h + band))
+    out = Image.new("RGB", size, (255, 255, 255))
     draw = ImageDraw.Draw(out)
     for i, (picture, label) in enumerate(((plain, labels[0]), (cached, labels[1]))):
-        top = i * (h + band)
-        draw.text((6, top + 4), label, fill=(33, 33, 33), font=font)
-        out.paste(picture.resize((w, h), Image.NEAREST), (0, top + band))
+        left, top = (i * (w + gap), 0) if across else (0, i * (h + band))
+        draw.text((left + 6, top + 4), label, fill=(33, 33, 33), font=font)
+        out.paste(picture.resize((w, h), Image.NEAREST), (left, top + band))
     return out
 
 
@@ -78,7 +102,10 @@ def psnr(a, b) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threshold", type=float, default=None, help="First Block Cache threshold (default: as saved)")
+    parser.add_argument("--model", choices=("digits", "video"), default="digits",
+                        help="the bundled digits model (the tiny example workflow) or the tiny video model")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="the cache's threshold (default: as saved; video: 0.1)")
     parser.add_argument("--steps", type=int, default=None, help="sampling steps (default: as saved)")
     parser.add_argument("--out", default=str(ROOT / "artifacts" / "demo"), help="where to save the images")
     args = parser.parse_args(argv)
@@ -93,13 +120,20 @@ def main(argv=None) -> int:
     home = Path.home()
     shown = f"~/{app.path.relative_to(home)}" if app.path.is_relative_to(home) else str(app.path)
     print(f"ComfyUI {app.version} at {shown}")
-    workflow = json.loads(WORKFLOW.read_text(encoding="utf-8"))
-    prompt = workflow_api.workflow_to_api(workflow, workflow_api.object_info())
-    sampler = next(k for k, v in prompt.items() if v["class_type"] == "CachedSampler")
-    cache = next(k for k, v in prompt.items() if v["class_type"] == "CachedSamplerFirstBlockCache")
-    titles = {str(n["id"]): n.get("title") for n in workflow["nodes"]}
-    digits_node = next(k for k, v in prompt.items() if v["class_type"] == "PreviewImage" and titles.get(k) == "Digits")
-    plot_node = next(k for k, v in prompt.items() if v["class_type"] == "PreviewImage" and titles.get(k) == "Tuning plot")
+    if args.model == "video":
+        prompt, sampler, cache, digits_node, plot_node = video_prompt(), "sampler", "cache", "frames", "plot"
+        model_name, method, columns = "Tiny video model", "Adaptive Cache", 8  # 8 frames per video, a row each
+    else:
+        workflow = json.loads(WORKFLOW.read_text(encoding="utf-8"))
+        prompt = workflow_api.workflow_to_api(workflow, workflow_api.object_info())
+        sampler = next(k for k, v in prompt.items() if v["class_type"] == "CachedSampler")
+        cache = next(k for k, v in prompt.items() if v["class_type"] == "CachedSamplerFirstBlockCache")
+        titles = {str(n["id"]): n.get("title") for n in workflow["nodes"]}
+        digits_node = next(k for k, v in prompt.items()
+                           if v["class_type"] == "PreviewImage" and titles.get(k) == "Digits")
+        plot_node = next(k for k, v in prompt.items()
+                         if v["class_type"] == "PreviewImage" and titles.get(k) == "Tuning plot")
+        model_name, method, columns = "Tiny digits model", "First Block Cache", None
     if args.threshold is not None:
         prompt[cache]["inputs"]["threshold"] = args.threshold
     if args.steps is not None:
@@ -121,7 +155,7 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plain, cached = (grid(images(app, runs[n][1], digits_node)) for n in ("uncached", "cached"))
+    plain, cached = (grid(images(app, runs[n][1], digits_node), columns) for n in ("uncached", "cached"))
     plain.save(out / "uncached.png")
     cached.save(out / "cached.png")
     images(app, runs["cached"][1], plot_node)[0].save(out / "tuning_plot.png")
@@ -129,18 +163,19 @@ def main(argv=None) -> int:
     summary = runs["cached"][1][sampler]["text"][0]
     inputs = prompt[sampler]["inputs"]
     print()
-    print(f"Tiny digits model, {inputs['steps']} steps, {inputs['sampler_name']}/{inputs['scheduler']}, cfg {inputs['cfg']}, "
-          f"First Block Cache threshold {prompt[cache]['inputs']['threshold']} + TaylorSeer")
+    print(f"{model_name}, {inputs['steps']} steps, {inputs['sampler_name']}/{inputs['scheduler']}, cfg {inputs['cfg']}, "
+          f"{method} threshold {prompt[cache]['inputs']['threshold']} + TaylorSeer")
     print()
     print("What caching did (shown on the Cached Sampler node):")
     print("  " + summary.replace("\n", "\n  "))
     print()
     t_plain, t_cached = runs["uncached"][0], runs["cached"][0]
-    print(f"PSNR of the cached digits against the uncached ones: {psnr(plain, cached):.1f} dB")
+    what = "videos" if args.model == "video" else "digits"
+    print(f"PSNR of the cached {what} against the uncached ones: {psnr(plain, cached):.1f} dB")
     computed = summary.split("computed ")[1].split(" (")[0]
-    side_by_side(plain, cached, (f"uncached, {inputs['steps']} steps", f"First Block Cache + TaylorSeer: computed "
-                                 f"{computed}, {psnr(plain, cached):.1f} dB against the uncached")
-                 ).save(out / "side_by_side.png")
+    side_by_side(plain, cached, (f"uncached, {inputs['steps']} steps", f"cached ({method} + TaylorSeer): "
+                                 f"{computed}, {psnr(plain, cached):.1f} dB"),
+                 scale=1 if columns else 2, across=bool(columns)).save(out / "side_by_side.png")
     print(f"Wall time: uncached {t_plain:.2f} s, cached {t_cached:.2f} s ({t_plain / t_cached:.2f}x; a tiny model "
           f"on a CPU, so fixed overheads weigh more than on a real one)")
     shown = [os.path.relpath(out / f) if not os.path.relpath(out / f).startswith("..") else str(out / f)

@@ -32,6 +32,23 @@ def test_demo_prints_summary_psnr_and_times_and_saves_images(comfy, tmp_path):
         assert Image.open(tmp_path / name).size[0] > 100
 
 
+def test_the_video_demo_samples_the_video_model_with_the_video_recipe(comfy, tmp_path):
+    """``--model video``: the README's video recipe (Adaptive Cache 0.1 + TaylorSeer) on the bundled video model at
+    the bench's 28 steps, with the work saved and the PSNR the README's recipe table quotes for it."""
+    env = {**os.environ, "COMFYUI_PATH": str(comfy.path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "demo.py"), "--model", "video", "--out",
+                             str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "Tiny video model, 28 steps" in out and "Adaptive Cache + TaylorSeer" in out, out
+    saved = re.search(r"model work saved (\d+)%", out).group(1)
+    psnr = float(re.search(r"PSNR of the cached videos against the uncached ones: ([\d.]+) dB", out).group(1))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"video: {saved}% at {psnr:.1f}" in readme, (saved, psnr)
+    width, height = Image.open(tmp_path / "side_by_side.png").size
+    assert Image.open(tmp_path / "cached.png").size == (8 * 64, 8 * 64) and width > 2 * 8 * 64 > height, (width, height)
+
+
 NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
 
 
