@@ -331,10 +331,9 @@ def test_whole_model_caching_on_a_compiled_model_equals_the_uncompiled_run(comfy
     make = {"fixed_cadence": cadence, "adaptive": adaptive,
             "cadence+taylorseer": lambda p: graphs.config(p, "ts", "CachedSamplerTaylorSeer", order=1,
                                                           upstream=cadence(p, interval=3))}[chain]
-    reference, ui_ref = sampled(comfy, chain=make)
-    compiled, ui = sampled(comfy, chain=make, model_patch=compile_node(backend))
-    assert computed_fraction(ui)[0] < STEPS
-    assert computed_fraction(ui) == computed_fraction(ui_ref)
+    compiled, reference, run, run_ref = _compiled_and_plain(comfy, make, backend)
+    assert run["computed"] < STEPS
+    assert (run["computed"], run["evaluations"]) == (run_ref["computed"], run_ref["evaluations"])
     assert torch.allclose(compiled, reference, rtol=1e-4, atol=1e-4), (compiled - reference).abs().max()
     if backend == "eager":
         assert torch.equal(compiled, reference)
