@@ -12,11 +12,11 @@ from .. import adapter
 from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder,
                             PlannedSchedule, Quality, Recorder, TaylorSeer, calibrate, image_quality, latent_quality,
                             recorded_ratios, recorded_trajectory, worst_quality)
-from ..interceptors.guidance import PLANNED
+from ..interceptors.methods.guidance import PLANNED
 from ..interceptors.kinds import NEGATIVE
-from ..interceptors.planned import Plan
-from ..interceptors.schedule_search import ORDERS, negatives_to_leave_out
-from ..interceptors.schedule_search import search as search_plan
+from ..interceptors.methods.planned import Plan
+from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
+from ..interceptors.methods.schedule_search import search as search_plan
 from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
 from .sampler import ksampler_inputs
 

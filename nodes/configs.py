@@ -14,10 +14,10 @@ from comfy_api.latest import io
 
 from ..interceptors import (AdaptiveCache, DBCache, FirstBlockCache, FixedCadence, GuidanceCache, Interceptor, MagCache,
                             Spectrum, TaylorSeer, TeaCache, VerifiedBlockCache, VerifiedForecast)
-from ..interceptors import guidance as guidance_method
-from ..interceptors import magcache as magcache_method
-from ..interceptors.fixed_cadence import MAX_GROWTH as FIXED_CADENCE_MAX_GROWTH
-from ..interceptors import teacache as teacache_method
+from ..interceptors.methods import guidance as guidance_method
+from ..interceptors.methods import magcache as magcache_method
+from ..interceptors.methods.fixed_cadence import MAX_GROWTH as FIXED_CADENCE_MAX_GROWTH
+from ..interceptors.methods import teacache as teacache_method
 from .common import CONFIG_CATEGORY, PREFIX, chain_input, chain_output, extend, node_label, percent_inputs
 
 

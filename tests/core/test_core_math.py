@@ -8,7 +8,8 @@ import torch
 from devkit.pack import load_core
 
 ic = load_core()
-from cached_sampler_pack.interceptors import magcache, metrics, planned, taylorseer, teacache  # noqa: E402
+from cached_sampler_pack.interceptors import metrics  # noqa: E402
+from cached_sampler_pack.interceptors.methods import magcache, planned, taylorseer, teacache  # noqa: E402
 
 SIGMAS = [1.0, 0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.0]
 

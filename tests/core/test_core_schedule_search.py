@@ -9,7 +9,7 @@ import torch
 from devkit.pack import load_core
 
 ic = load_core()
-from cached_sampler_pack.interceptors import schedule_search as ss  # noqa: E402
+from cached_sampler_pack.interceptors.methods import schedule_search as ss  # noqa: E402
 
 N = 9
 SIGMAS = [1.0, 0.93, 0.85, 0.74, 0.62, 0.5, 0.37, 0.22, 0.1]
@@ -73,7 +73,7 @@ def test_the_error_table_is_what_taylorseer_would_forecast(order):
 def test_plan_error_is_the_open_loop_final_error():
     outputs = _outputs(2)
     g = ss.gram(outputs)
-    planned = __import__("cached_sampler_pack.interceptors.planned", fromlist=["x"])
+    planned = __import__("cached_sampler_pack.interceptors.methods.planned", fromlist=["x"])
     for compute, order in (((0, 3, 6), 1), ((0, 2, 4, 7), 2), ((0,), 0)):
         want = planned._final_error(SIGMAS, outputs, set(compute), order, SIGMAS[1:] + [0.0]).double().pow(2).sum()
         assert ss.plan_error(g, SIGMAS, compute, order) == pytest.approx(float(want), rel=1e-6)

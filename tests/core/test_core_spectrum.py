@@ -9,7 +9,7 @@ import torch
 from devkit.pack import load_core
 
 ic = load_core()
-from cached_sampler_pack.interceptors import spectrum, taylorseer  # noqa: E402
+from cached_sampler_pack.interceptors.methods import spectrum, taylorseer  # noqa: E402
 
 CPU = torch.device("cpu")
 SCHEDULE = [1.0, 0.92, 0.81, 0.7, 0.58, 0.46, 0.35, 0.24, 0.14, 0.06, 0.0]  # non-uniform, first to last

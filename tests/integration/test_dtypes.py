@@ -14,7 +14,7 @@ from tiny_nodes import CAPTURED
 
 ic = load_core()
 memory = importlib.import_module(f"{ic.__name__}.memory")
-taylorseer = importlib.import_module(f"{ic.__name__}.taylorseer")
+taylorseer = importlib.import_module(f"{ic.__name__}.methods.taylorseer")
 STEPS = 8
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 

@@ -324,7 +324,7 @@ def _windowed(comfy, monkeypatch, schedule, frames=24, steps=8, kept=None):
     with the Guidance Cache; what each evaluation asked for and held. ``kept`` overrides how many evaluations
     without a window its history outlives."""
     from reachable import tensors_in
-    state, guidance = comfy.module("interceptors.state"), comfy.module("interceptors.guidance")
+    state, guidance = comfy.module("interceptors.state"), comfy.module("interceptors.methods.guidance")
     if kept is not None:
         monkeypatch.setattr(guidance, "KEPT_EVALUATIONS", kept)
     asked, evaluations = [], []

@@ -50,7 +50,7 @@ HELD_OUT = (0, 3, 100, 101)
 VIDEO_PLAN = (0, 5, 9, 13, 17, 21, 23, 25, 27)
 
 
-lagrange = None  # the pack's own interpolation weights (interceptors.taylorseer.lagrange_weights), bound in main()
+lagrange = None  # the pack's own interpolation weights (interceptors.methods.taylorseer.lagrange_weights), bound in main()
 
 
 def combine(points: list, at: float, abscissa=lambda s: s):
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     from calibration_spaces import start_study
     app, _, digits_decode = start_study()
     global lagrange
-    lagrange = app.module("interceptors.taylorseer").lagrange_weights
+    lagrange = app.module("interceptors.methods.taylorseer").lagrange_weights
 
     digits = Workload(app.module("nodes.digits_model"), list(range(10)), digits_decode)
     plans = {"6 of 28 (every 5th)": every(5)} if args.quick else {

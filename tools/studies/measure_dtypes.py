@@ -36,7 +36,7 @@ OUT = ROOT / "bench" / "dtypes.md"
 
 def variants(ic):
     """TaylorSeer as the pack has it, and the two alternatives measured against it."""
-    taylorseer = importlib.import_module(f"{ic.__name__}.taylorseer")
+    taylorseer = importlib.import_module(f"{ic.__name__}.methods.taylorseer")
 
     @dataclasses.dataclass(frozen=True)
     class HalfForecast(ic.TaylorSeer):

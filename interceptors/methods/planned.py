@@ -15,10 +15,10 @@ from typing import Sequence
 
 import torch
 
-from .base import Decider, RecordingDecider
-from .kinds import Granularity, InterceptorError
-from .quality import Quality
-from .records import counted_in
+from ..base import Decider, RecordingDecider
+from ..kinds import Granularity, InterceptorError
+from ..quality import Quality
+from ..records import counted_in
 from .taylorseer import lagrange_weights, same_sigma
 
 

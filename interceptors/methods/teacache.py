@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import Decider
-from .cards import ModelCard
-from .kinds import Granularity, InterceptorError, Signal, check_range
-from .memory import Footprint
-from .metrics import relative_l1_of
+from ..base import Decider
+from ..cards import ModelCard
+from ..kinds import Granularity, InterceptorError, Signal, check_range
+from ..memory import Footprint
+from ..metrics import relative_l1_of
 
 
 # Rescale polynomials, highest power first, as published in ali-vilab/TeaCache (TeaCache4FLUX,

@@ -40,11 +40,11 @@ import dataclasses
 
 import torch
 
-from .base import Decider
+from ..base import Decider
 from .dbcache import check_probe
-from .kinds import Granularity, Signal, check_range
-from .memory import Footprint
-from .metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
+from ..kinds import Granularity, Signal, check_range
+from ..memory import Footprint
+from ..metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """<a, b> in float64 (float32 where the device has no float64, as MPS): the error is a difference of such

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import Decider
-from .kinds import Granularity, Signal, check_range
-from .memory import Footprint
-from .metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
+from ..base import Decider
+from ..kinds import Granularity, Signal, check_range
+from ..memory import Footprint
+from ..metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 
 
 @dataclasses.dataclass(frozen=True)

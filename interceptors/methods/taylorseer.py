@@ -19,8 +19,8 @@ import dataclasses
 
 import torch
 
-from .base import Estimator
-from .kinds import InterceptorError
+from ..base import Estimator
+from ..kinds import InterceptorError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,8 +30,8 @@ from typing import Sequence
 
 import torch
 
-from .base import Estimator
-from .kinds import InterceptorError
+from ..base import Estimator
+from ..kinds import InterceptorError
 from .taylorseer import lagrange_weights, same_sigma
 
 

@@ -14,11 +14,11 @@ import dataclasses
 
 import torch
 
-from .base import Decider
-from .cards import ModelCard
-from .kinds import Granularity, InterceptorError, Signal, check_range
-from .memory import Footprint
-from .metrics import relative_l1_of
+from ..base import Decider
+from ..cards import ModelCard
+from ..kinds import Granularity, InterceptorError, Signal, check_range
+from ..memory import Footprint
+from ..metrics import relative_l1_of
 
 
 

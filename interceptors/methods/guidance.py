@@ -40,11 +40,11 @@ import dataclasses
 
 import torch
 
-from .base import GuidanceDecider
-from .kinds import InterceptorError, check_range
-from .memory import Footprint
-from .records import Evaluation
-from .run import Run
+from ..base import GuidanceDecider
+from ..kinds import InterceptorError, check_range
+from ..memory import Footprint
+from ..records import Evaluation
+from ..run import Run
 from .planned import fits_plan
 from .taylorseer import TaylorSeer
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import Decider
-from .kinds import Granularity, InterceptorError
-from .records import Evaluation
-from .run import Run
-from .memory import Footprint
+from ..base import Decider
+from ..kinds import Granularity, InterceptorError
+from ..records import Evaluation
+from ..run import Run
+from ..memory import Footprint
 
 MAX_GROWTH = 16.0  # the largest growth of the interval per computed step
 

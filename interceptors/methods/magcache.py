@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import Decider, RecordingDecider
-from .cards import ModelCard
-from .kinds import Granularity, InterceptorError, check_range
-from .memory import Footprint
+from ..base import Decider, RecordingDecider
+from ..cards import ModelCard
+from ..kinds import Granularity, InterceptorError, check_range
+from ..memory import Footprint
 
 
 # Calibrated ratios published with Zehong-Ma/ComfyUI-MagCache (first value 1.0 = step 0). Wan curves
