@@ -28,16 +28,6 @@ def chain_output():
                         "appended. Connect to a Cached Sampler, Apply Interceptors, or another caching node.")
 
 
-def percent_inputs(start: float = 0.0, end: float = 1.0) -> list:
-    return [
-        io.Float.Input("start_percent", default=start, min=0.0, max=1.0, step=0.01, tooltip=(
-            "Where in the schedule caching may begin (0 = the first step). Percent of the model's noise "
-            "schedule, as in ComfyUI's other start/end percent inputs; earlier steps are always computed.")),
-        io.Float.Input("end_percent", default=end, min=0.0, max=1.0, step=0.01, tooltip=(
-            "Where caching stops (1 = the end). Later steps are always computed; the last step always is.")),
-    ]
-
-
 def as_chain(value, node: str) -> InterceptorChain:
     """The chain a socket delivered, or a clear error for anything else."""
     if value is None:

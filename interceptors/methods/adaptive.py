@@ -19,6 +19,7 @@ from ..base import Decider
 from ..kinds import Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
+from ..spec import MemoryRow, MethodSpec, Prose, Sweep, max_consecutive_input, percent_inputs, threshold_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,3 +87,30 @@ class AdaptiveCache(Decider):
         dx, dv = (m.value() for m in changes)
         if dx and dv is not None:
             state.rate = dv / dx
+
+
+SPECS = (MethodSpec(
+    "AdaptiveCache", "Adaptive Cache",
+    "EasyCache-style runtime-adaptive cache (arXiv 2507.02860) at whole-model level: predicts how much the "
+    "output would change from how much the input changed and skips the model while the accumulated prediction "
+    "stays under the threshold. Works on every model ComfyUI can sample, without calibration.",
+    (threshold_input(0.1, "Accumulated predicted output change under which steps are skipped. 0 disables "
+                     "caching (bit-identical). 0.05 is cautious, 0.1 balanced, 0.2 fast."),
+     max_consecutive_input(-1), *percent_inputs(0.15, 0.95)),
+    lambda threshold, max_consecutive_cached, start_percent, end_percent: AdaptiveCache(
+        threshold=threshold, max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
+        end_percent=end_percent),
+    AdaptiveCache,
+    Prose(when=(
+        "The cache for any model without calibration, UNets and families without block hooks included: it "
+        "predicts the output's change from the input's change (EasyCache's rule) and skips whole model steps "
+        "while the accumulated prediction stays under the threshold. Unlike ComfyUI's EasyCache it keeps no "
+        "tensor the model may change in place.",
+    ), families=(
+        ("Any model", "0.05 cautious, 0.1 balanced, 0.2 fast"),
+        ("HunyuanVideo, Wan (published)", "0.1: about 2x, 0.2: about 3x"),
+        ("SDXL, 30 steps", "0.1 with max_consecutive_cached 2"),
+    )),
+    sweep=Sweep("adaptive", (0.0, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3), quick=(0.0, 0.04, 0.15)),
+    memory=(MemoryRow("Adaptive Cache"),),
+),)

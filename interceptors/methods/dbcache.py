@@ -19,6 +19,8 @@ from ..cards import ModelCard
 from ..kinds import Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
+from ..spec import (Input, MemoryRow, MethodSpec, Prose, Sweep, max_consecutive_input, percent_inputs,
+                    threshold_input)
 
 
 
@@ -99,3 +101,69 @@ class FirstBlockCache(DBCache):
 
     def blocks(self) -> tuple[int, int]:
         return 1, 0
+
+
+# -- the nodes ----------------------------------------------------------------------------------------------------
+
+_THRESHOLD = ("Relative L1 change of the probe blocks' residual since the last computed step under which "
+              "the middle blocks are skipped. 0 disables caching (bit-identical output). Flux: 0.08-0.2; "
+              "Wan/HunyuanVideo: 0.05-0.15.")
+_SKIP_LIMITS = (
+    Input("warmup", "float", default=0.1, min=0.0, max=1.0, step=0.01, tooltip=(
+        "Fraction of the steps at the start that are always computed (the image layout is decided there).")),
+    Input("max_cached_steps", "int", default=-1, min=-1, max=10000, tooltip=(
+        "At most this many steps skipped in the whole run (-1: no limit).")),
+    max_consecutive_input(3), *percent_inputs())
+# Where to start, the same for both nodes (First Block Cache adds the bundled model's measurement)
+_FAMILIES = (
+    ("Flux.1 dev, 28 steps", "0.08 (lossless) to 0.2 (2.9x wall time, slight degradation)"),
+    ("HunyuanVideo, LTXV; a start for HunyuanVideo 1.5 and LTX-2", "0.1"),
+    ("SD3.5", "0.12"),
+    ("Wan 2.1 / 2.2", "0.05-0.15"),
+    ("Other block-hooked families (Qwen-Image, Flux 2, LongCat-Image, ...)", "no published value: start at 0.05 and raise it while reading the tuning plot"),
+)
+_THRESHOLD_SWEEP = (0.0, 0.1, 0.15, 0.2, 0.3, 0.4)
+
+SPECS = (
+    MethodSpec(
+        "DBCache", "DBCache",
+        "Dual Block Cache (vipshop/cache-dit): the first Fn blocks always run and probe how much the step changes; "
+        "the last Bn blocks always run and refine; the blocks in between are skipped while the probe's residual "
+        "barely changes. Needs a model with transformer-block hooks (Flux, Wan, HunyuanVideo, Qwen-Image, SD3, ...).",
+        (Input("Fn", "int", default=1, min=1, max=200, tooltip="Front blocks that always run; they are the probe."),
+         Input("Bn", "int", default=0, min=0, max=200, tooltip="Back blocks that always run after the cached middle."),
+         threshold_input(0.12, _THRESHOLD, step=0.005), *_SKIP_LIMITS),
+        lambda Fn, Bn, threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent:
+        DBCache(front=Fn, back=Bn, threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
+                max_consecutive_cached=max_consecutive_cached, start_percent=start_percent, end_percent=end_percent),
+        DBCache,
+        Prose(when=(
+            "A block-level cache for transformer models: the first `Fn` blocks always run and probe how much the "
+            "step changes, the last `Bn` always run and refine, and the blocks between are skipped while the "
+            "probe's residual barely changes. More `Fn`/`Bn` is safer and saves less; Fn 1, Bn 0 is First Block "
+            "Cache. Models without block hooks are refused with a pointer to the Adaptive Cache.",
+        ), families=_FAMILIES),
+        sweep=Sweep("dbcache", _THRESHOLD_SWEEP, quick=(0.0, 0.15, 0.3)),
+        memory=(MemoryRow("DBCache, First Block Cache"),),
+    ),
+    MethodSpec(
+        "FirstBlockCache", "First Block Cache",
+        "First Block Cache (ParaAttention / WaveSpeed FBCache): block 1 always runs and probes the change; all later "
+        "blocks are skipped while its residual barely changes. DBCache with Fn=1, Bn=0.",
+        (threshold_input(0.12, _THRESHOLD, step=0.005), *_SKIP_LIMITS),
+        lambda threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent:
+        FirstBlockCache(threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
+                        max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
+                        end_percent=end_percent),
+        FirstBlockCache,
+        Prose(when=(
+            "The block-level cache to try first on a transformer model: block 1 runs every step and probes the "
+            "change, the other blocks are skipped while its residual barely changes (DBCache with Fn 1, Bn 0). "
+            "Chain TaylorSeer Forecast to afford a higher threshold at the same quality.",
+        ), families=(
+            *_FAMILIES,
+            ("Bundled digits model, 20 steps (measured, + TaylorSeer)", "0.25: 38% less work at 46 dB; past 0.3 quality drops fast"),
+        )),
+        sweep=Sweep("fbcache", _THRESHOLD_SWEEP, quick=(0.0, 0.15, 0.3)),
+    ),
+)

@@ -18,6 +18,7 @@ from ..base import Decider, RecordingDecider
 from ..cards import ModelCard
 from ..kinds import Granularity, InterceptorError, check_range
 from ..memory import Footprint
+from ..spec import Input, MemoryRow, MethodSpec, Prose, Sweep, percent_inputs, threshold_input
 
 
 # Calibrated ratios published with Zehong-Ma/ComfyUI-MagCache (first value 1.0 = step 0). Wan curves
@@ -183,3 +184,42 @@ def recorded_ratios(run) -> tuple[float, ...]:
     return tuple(round(ratios.get(p, 1.0), 5) for p in range(max(ratios, default=0) + 1))
 
 
+
+
+def _from_widgets(threshold, K, retention_ratio, model_type, custom_ratios, start_percent, end_percent) -> MagCache:
+    ratios = parse_ratios(custom_ratios, "MagCache") if custom_ratios.strip() else ()
+    return MagCache(threshold=threshold, max_consecutive_cached=K, retention=retention_ratio, model_type=model_type,
+                    ratios=ratios, start_percent=start_percent, end_percent=end_percent)
+
+
+SPECS = (MethodSpec(
+    "MagCache", "MagCache",
+    "MagCache (arXiv 2506.09045, Zehong-Ma/MagCache): skips the transformer blocks while the error predicted from "
+    "the model's magnitude-ratio curve stays small. Published curves for Flux, Chroma, HunyuanVideo and Wan 2.1; "
+    "for any other model run MagCache Calibrate once and use its ratios with model_type 'custom'.",
+    (threshold_input(0.06, "Accumulated |1 - ratio| error under which steps are skipped. Flux 0.1-0.25; Wan 1.3B "
+                     "0.12; HunyuanVideo 0.24. 0 disables caching."),
+     Input("K", "int", default=2, min=0, max=20, tooltip="At most this many steps skipped in a row."),
+     Input("retention_ratio", "float", default=0.2, min=0.0, max=1.0, step=0.01, tooltip=(
+         "Fraction of the steps at the start that are always computed.")),
+     Input("model_type", "choice", choices=MODEL_TYPES, tooltip=(
+         "Which ratio curve to use: 'auto' from the model, a published one, or 'custom' (custom_ratios).")),
+     Input("custom_ratios", "text", default="", multiline=True, tooltip=(
+         "For model_type 'custom': the comma-separated ratios printed by MagCache Calibrate.")),
+     *percent_inputs()),
+    _from_widgets,
+    MagCache,
+    Prose(when=(
+        "A block-level cache driven by the model's magnitude-ratio curve: published curves for Flux, Chroma, "
+        "HunyuanVideo and Wan 2.1; for any other block-hooked model run MagCache Calibrate once and paste its "
+        "ratios into `custom_ratios` with model_type `custom`. The curve is read at each step's place in the "
+        "whole schedule, so a second stage uses its own part of it.",
+    ), families=(
+        ("Flux", "threshold 0.24, K 5, retention_ratio 0.1"),
+        ("Wan 2.1 1.3B", "threshold 0.12, K 4, retention_ratio 0.2"),
+        ("HunyuanVideo", "threshold 0.24, K 6, retention_ratio 0.2"),
+        ("Qwen-Image (after MagCache Calibrate)", "threshold 0.1, K 2, retention_ratio 0.2"),
+    )),
+    sweep=Sweep("magcache", (0.0, 0.01, 0.02, 0.04, 0.06), quick=(0.0, 0.02, 0.06)),
+    memory=(MemoryRow("MagCache"),),
+),)

@@ -21,6 +21,7 @@ import torch
 
 from ..base import Estimator
 from ..kinds import InterceptorError
+from ..spec import Input, MethodSpec, Prose
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +78,23 @@ def lagrange_weights(nodes: list[float], at: float) -> list[float]:
                 w *= (at - sj) / (si - sj)
         weights.append(w)
     return weights
+
+
+SPECS = (MethodSpec(
+    "TaylorSeer", "TaylorSeer Forecast",
+    "Forecasts skipped work instead of reusing it stale (TaylorSeer, arXiv 2503.06923): a polynomial in sigma "
+    "through the last computed steps. Chain it with a caching node (DBCache, First Block Cache, Fixed Cadence, "
+    "Adaptive Cache); it decides nothing by itself.",
+    (Input("order", "int", default=1, min=0, max=2, tooltip=(
+        "0 reuses the last value; 1 extrapolates linearly (recommended); 2 adds curvature (more aggressive).")),),
+    lambda order: TaylorSeer(order=order),
+    TaylorSeer,
+    Prose(when=(
+        "Chain it after any caching node (Fixed Cadence, First Block Cache, DBCache, Adaptive Cache, TeaCache, "
+        "MagCache): skipped work is then forecast by a polynomial in sigma through the last computed steps "
+        "instead of reused stale, which allows a higher threshold or interval at the same quality. Alone it "
+        "decides nothing and is refused.",
+    ), families=(
+        ("Any model", "order 1; order 2 overshoots on long gaps, order 0 is plain reuse"),
+    )),
+),)

@@ -16,6 +16,7 @@ from ..cards import ModelCard
 from ..kinds import Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
+from ..spec import Input, MemoryRow, MethodSpec, Prose, Sweep, percent_inputs, threshold_input
 
 
 # Rescale polynomials, highest power first, as published in ali-vilab/TeaCache (TeaCache4FLUX,
@@ -101,3 +102,34 @@ class TeaCache(Decider):
         if self.decided_to_compute(ev):
             state.accumulated = 0.0
         state.previous.update(run.keep(signals, copy=False))  # computed by the adapter
+
+
+SPECS = (MethodSpec(
+    "TeaCache", "TeaCache",
+    "TeaCache (arXiv 2411.19108, ali-vilab/TeaCache): skips the transformer blocks while the timestep-modulated "
+    "input of block 0 barely changes, rescaled by the authors' per-model polynomial. For Flux, HunyuanVideo, LTXV "
+    "and Wan 2.1; other models are refused (use Adaptive Cache).",
+    (threshold_input(0.4, "Accumulated rescaled change under which the blocks are skipped. Flux 0.25-0.6; "
+                     "HunyuanVideo 0.1-0.15; LTXV 0.03-0.06; Wan 1.3B 0.05-0.1, 14B 0.1-0.2. 0 disables caching."),
+     Input("model_type", "choice", choices=MODEL_TYPES, tooltip=(
+         "Which published polynomial to use; 'auto' picks it from the model (Wan defaults to the 1.3B fit: "
+         "choose the 14B one for 14B models).")),
+     *percent_inputs()),
+    lambda threshold, model_type, start_percent, end_percent: TeaCache(
+        threshold=threshold, model_type=model_type, start_percent=start_percent, end_percent=end_percent),
+    TeaCache,
+    Prose(when=(
+        "For the families its authors fitted (Flux, HunyuanVideo, LTXV, Wan 2.1): block 0's timestep-modulated "
+        "input decides, rescaled by the published polynomial. Other models are refused with a pointer to the "
+        "Adaptive Cache or DBCache. With `auto`, Wan gets the 1.3B fit: choose the 14B one for 14B models.",
+    ), families=(
+        ("Flux", "0.4 (0.25-0.6)"),
+        ("HunyuanVideo", "0.15"),
+        ("LTXV", "0.05"),
+        ("Wan 2.1 1.3B", "0.08"),
+        ("Wan 2.1 14B", "0.2"),
+    )),
+    sweep=Sweep("teacache", (0.0, 0.2, 0.3, 0.4, 0.6, 0.8), quick=(0.0, 0.3, 0.6)),
+    # no published polynomial for Qwen-Image: the node refuses the model
+    memory=(MemoryRow("TeaCache", not_for=("qwen_image",)),),
+),)

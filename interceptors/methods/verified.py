@@ -45,6 +45,8 @@ from .dbcache import check_probe
 from ..kinds import Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
+from ..spec import (Input, MemoryRow, MethodSpec, Prose, Sweep, max_consecutive_input, percent_inputs,
+                    threshold_input)
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """<a, b> in float64 (float32 where the device has no float64, as MPS): the error is a difference of such
@@ -264,3 +266,70 @@ class VerifiedForecast(Decider):
         error, change = (m.value() for m in found)
         if error is not None and change:
             state.error, state.change = error, change
+
+
+SPECS = (
+    MethodSpec(
+        "VerifiedForecast", "Verified Forecast",
+        "Skips the whole model while the predicted error of the forecast that replaces it stays under the threshold "
+        "(forecast-then-verify, SpeCa arXiv 2509.11628, X-Slim arXiv 2512.12604). On every computed step the forecast "
+        "a skip would have used is checked against what the model computed; that error, scaled by how much the input "
+        "has changed since, predicts the error of the next skips. Chain TaylorSeer Forecast after it. Works on every "
+        "model.",
+        (threshold_input(0.05, "Predicted relative error of the forecast (mean |forecast - computed| / mean |computed| "
+                         "of the model's prediction) under which a step is skipped. An error, not a change: the same "
+                         "value means about the same damage on another model. 0 disables caching (bit-identical).",
+                         maximum=10.0, step=0.005),
+         max_consecutive_input(-1), *percent_inputs()),
+        lambda threshold, max_consecutive_cached, start_percent, end_percent: VerifiedForecast(
+            threshold=threshold, max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
+            end_percent=end_percent),
+        VerifiedForecast,
+        Prose(when=(
+            "Whole model steps on any model, skipped only where the forecast that replaces them is predicted close: "
+            "every computed step checks the forecast a skip would have used against what the model computed, and "
+            "that error, scaled by the input's change since, predicts the next skips' error. Chain TaylorSeer "
+            "Forecast after it. On the bundled digits model (28 steps) the bench measured it saving less than Fixed "
+            "Cadence + TaylorSeer at the same quality.",
+        ), families=(
+            ("Any model", "0.05 cautious, 0.1 balanced, 0.2 fast (with TaylorSeer order 1)"),
+        )),
+        sweep=Sweep("verifiedforecast", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4)),
+        memory=(MemoryRow("Verified Forecast"),),
+    ),
+    MethodSpec(
+        "VerifiedBlockCache", "Verified Block Cache",
+        "The probe blocks run every step and their output is forecast too; the other blocks are forecast only when the "
+        "probe's forecast is close to what the probe really computed (SpeCa arXiv 2509.11628, X-Slim arXiv "
+        "2512.12604). Three tiers: below 'threshold' every block after the probe is forecast; up to "
+        "'refresh_ratio' times it the last Bn blocks run on the forecast middle; above, the step is computed. Chain "
+        "TaylorSeer Forecast after it. Needs a model with transformer-block hooks (Flux, Wan, HunyuanVideo, ...).",
+        (Input("Fn", "int", default=1, min=1, max=200, tooltip="Front blocks that always run; they are the probe "
+               "whose forecast is verified."),
+         Input("Bn", "int", default=1, min=0, max=200, tooltip=(
+             "Back blocks that run in the middle tier (forecast error between the two thresholds); forecast with the "
+             "middle below 'threshold'. 0: no middle tier.")),
+         threshold_input(0.05, "Relative error of the probe's forecast (root of sum (forecast - computed)^2 over "
+                         "sum computed^2) under which every block after the probe is forecast. 0 disables caching "
+                         "(bit-identical output).", maximum=10.0, step=0.005),
+         Input("refresh_ratio", "float", default=2.0, min=1.0, max=100.0, step=0.1, tooltip=(
+             "Up to this multiple of 'threshold' the back blocks are recomputed and the middle forecast (the middle "
+             "tier); above it the step is computed in full. 1: no middle tier.")),
+         max_consecutive_input(-1), *percent_inputs()),
+        lambda Fn, Bn, threshold, refresh_ratio, max_consecutive_cached, start_percent, end_percent:
+        VerifiedBlockCache(front=Fn, back=Bn, threshold=threshold, refresh_ratio=refresh_ratio,
+                           max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
+                           end_percent=end_percent),
+        VerifiedBlockCache,
+        Prose(when=(
+            "Block-hooked models (Flux, Wan, HunyuanVideo, ...): the probe blocks run every step and their forecast "
+            "is checked against what they computed; below the threshold every later block is forecast, up to "
+            "refresh_ratio times it the back blocks run on the forecast middle, above it the step is computed. The "
+            "probe runs on every step, so a model with few blocks saves less than with a whole-model method.",
+        ), families=(
+            ("Any block-hooked model", "0.05 with TaylorSeer order 1 or 2, refresh_ratio 2"),
+        )),
+        sweep=Sweep("verifiedblockcache", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)),
+        memory=(MemoryRow("Verified Block Cache"),),
+    ),
+)

@@ -10,8 +10,10 @@ A page is made from two sources and nothing else, so it cannot drift from the no
 * the node's definition in the running ComfyUI (display name, description, every input with its type, default,
   range and tooltip, every output with its tooltip): the very texts of the tooltips, through
   ``make_locales.build`` (English from the schemas, Chinese from ``tools/generate/locales_zh.json``);
-* ``PROSE`` below: per node, when to choose it, where to start per model family, what it shows after a run.
-  Its Chinese is ``tools/generate/node_docs_zh.json`` (English text -> Chinese); a text missing there stops the generator.
+* its prose: per node, when to choose it, where to start per model family, what it shows after a run; for a
+  caching method's config node in its declaration (``interceptors/methods/``, the ``prose`` of its spec), for the
+  other nodes in ``PROSE`` below. Its Chinese is ``tools/generate/node_docs_zh.json`` (English text -> Chinese); a
+  text missing there stops the generator.
 
     python3 tools/generate/make_node_docs.py            # write web/docs/
     python3 tools/generate/make_node_docs.py --check    # exit 1 if web/docs/ is not what the nodes say
@@ -116,169 +118,6 @@ PROSE: dict[str, dict] = {
             "goes to each actor's log (Ray forwards it to the ComfyUI console); there is no tuning plot.",
         ],
     },
-    "CachedSamplerFixedCadence": {
-        "when": [
-            "The simplest cache and, chained with TaylorSeer Forecast, the strongest the pack measured: it computes "
-            "every `interval`-th step and reuses (or forecasts) the ones between. It works on every model, "
-            "whole-model level, including UNets (SD1.5, SDXL) and families without block hooks.",
-        ],
-        "families": [
-            ("Any model, 28-30 steps", "interval 3-5 + TaylorSeer Forecast order 1"),
-            ("Any model, 50 steps", "interval 5-8 + TaylorSeer Forecast order 1"),
-            ("Bundled digits model, 28 steps (measured)", "interval 5 + TaylorSeer: 4.0x less model work at 40.5 dB; interval 6: 4.7x at 37 dB"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerDBCache": {
-        "when": [
-            "A block-level cache for transformer models: the first `Fn` blocks always run and probe how much the "
-            "step changes, the last `Bn` always run and refine, and the blocks between are skipped while the "
-            "probe's residual barely changes. More `Fn`/`Bn` is safer and saves less; Fn 1, Bn 0 is First Block "
-            "Cache. Models without block hooks are refused with a pointer to the Adaptive Cache.",
-        ],
-        "families": [
-            ("Flux.1 dev, 28 steps", "0.08 (lossless) to 0.2 (2.9x wall time, slight degradation)"),
-            ("HunyuanVideo, LTXV; a start for HunyuanVideo 1.5 and LTX-2", "0.1"),
-            ("SD3.5", "0.12"),
-            ("Wan 2.1 / 2.2", "0.05-0.15"),
-            ("Other block-hooked families (Qwen-Image, Flux 2, LongCat-Image, ...)", "no published value: start at 0.05 and raise it while reading the tuning plot"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerFirstBlockCache": {
-        "when": [
-            "The block-level cache to try first on a transformer model: block 1 runs every step and probes the "
-            "change, the other blocks are skipped while its residual barely changes (DBCache with Fn 1, Bn 0). "
-            "Chain TaylorSeer Forecast to afford a higher threshold at the same quality.",
-        ],
-        "families": [
-            ("Flux.1 dev, 28 steps", "0.08 (lossless) to 0.2 (2.9x wall time, slight degradation)"),
-            ("HunyuanVideo, LTXV; a start for HunyuanVideo 1.5 and LTX-2", "0.1"),
-            ("SD3.5", "0.12"),
-            ("Wan 2.1 / 2.2", "0.05-0.15"),
-            ("Other block-hooked families (Qwen-Image, Flux 2, LongCat-Image, ...)", "no published value: start at 0.05 and raise it while reading the tuning plot"),
-            ("Bundled digits model, 20 steps (measured, + TaylorSeer)", "0.25: 38% less work at 46 dB; past 0.3 quality drops fast"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerTaylorSeer": {
-        "when": [
-            "Chain it after any caching node (Fixed Cadence, First Block Cache, DBCache, Adaptive Cache, TeaCache, "
-            "MagCache): skipped work is then forecast by a polynomial in sigma through the last computed steps "
-            "instead of reused stale, which allows a higher threshold or interval at the same quality. Alone it "
-            "decides nothing and is refused.",
-        ],
-        "families": [
-            ("Any model", "order 1; order 2 overshoots on long gaps, order 0 is plain reuse"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerSpectrum": {
-        "when": [
-            "An alternative to TaylorSeer Forecast after any caching node: skipped work is forecast from Chebyshev "
-            "polynomials in sigma fitted by ridge regression to the last `window` computed steps (the run's first "
-            "and last sigma span the fit), blended with TaylorSeer's local line by `blend`. The paper aims it at "
-            "long gaps between computed steps. It keeps up to `window` computed values per cached quantity and "
-            "CFG branch, where TaylorSeer keeps order + 1. Alone it decides nothing and is refused.",
-            "On the bundled digits model TaylorSeer order 1 measured better: at 50 steps with Fixed Cadence 3-6 "
-            "the defaults reached 42-47 dB where TaylorSeer order 1 reached 47-56 dB (at 28 steps, 37-43 dB "
-            "against 37-45 dB).",
-        ],
-        "families": [
-            ("Any model", "the paper's settings: window 10, degree 4, ridge 0.1, blend 0.5 (0.5-1.0, higher for "
-                          "longer gaps)"),
-            ("Bundled digits model, 50 steps (measured)", "Fixed Cadence 3: 46.5 dB with the defaults, 52.9 dB with "
-                                                          "degree 2, window 6, ridge 0; TaylorSeer order 1: 56.4 dB"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerAdaptiveCache": {
-        "when": [
-            "The cache for any model without calibration, UNets and families without block hooks included: it "
-            "predicts the output's change from the input's change (EasyCache's rule) and skips whole model steps "
-            "while the accumulated prediction stays under the threshold. Unlike ComfyUI's EasyCache it keeps no "
-            "tensor the model may change in place.",
-        ],
-        "families": [
-            ("Any model", "0.05 cautious, 0.1 balanced, 0.2 fast"),
-            ("HunyuanVideo, Wan (published)", "0.1: about 2x, 0.2: about 3x"),
-            ("SDXL, 30 steps", "0.1 with max_consecutive_cached 2"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerVerifiedForecast": {
-        "when": [
-            "Whole model steps on any model, skipped only where the forecast that replaces them is predicted close: "
-            "every computed step checks the forecast a skip would have used against what the model computed, and "
-            "that error, scaled by the input's change since, predicts the next skips' error. Chain TaylorSeer "
-            "Forecast after it. On the bundled digits model (28 steps) the bench measured it saving less than Fixed "
-            "Cadence + TaylorSeer at the same quality.",
-        ],
-        "families": [
-            ("Any model", "0.05 cautious, 0.1 balanced, 0.2 fast (with TaylorSeer order 1)"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerVerifiedBlockCache": {
-        "when": [
-            "Block-hooked models (Flux, Wan, HunyuanVideo, ...): the probe blocks run every step and their forecast "
-            "is checked against what they computed; below the threshold every later block is forecast, up to "
-            "refresh_ratio times it the back blocks run on the forecast middle, above it the step is computed. The "
-            "probe runs on every step, so a model with few blocks saves less than with a whole-model method.",
-        ],
-        "families": [
-            ("Any block-hooked model", "0.05 with TaylorSeer order 1 or 2, refresh_ratio 2"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerTeaCache": {
-        "when": [
-            "For the families its authors fitted (Flux, HunyuanVideo, LTXV, Wan 2.1): block 0's timestep-modulated "
-            "input decides, rescaled by the published polynomial. Other models are refused with a pointer to the "
-            "Adaptive Cache or DBCache. With `auto`, Wan gets the 1.3B fit: choose the 14B one for 14B models.",
-        ],
-        "families": [
-            ("Flux", "0.4 (0.25-0.6)"),
-            ("HunyuanVideo", "0.15"),
-            ("LTXV", "0.05"),
-            ("Wan 2.1 1.3B", "0.08"),
-            ("Wan 2.1 14B", "0.2"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerMagCache": {
-        "when": [
-            "A block-level cache driven by the model's magnitude-ratio curve: published curves for Flux, Chroma, "
-            "HunyuanVideo and Wan 2.1; for any other block-hooked model run MagCache Calibrate once and paste its "
-            "ratios into `custom_ratios` with model_type `custom`. The curve is read at each step's place in the "
-            "whole schedule, so a second stage uses its own part of it.",
-        ],
-        "families": [
-            ("Flux", "threshold 0.24, K 5, retention_ratio 0.1"),
-            ("Wan 2.1 1.3B", "threshold 0.12, K 4, retention_ratio 0.2"),
-            ("HunyuanVideo", "threshold 0.24, K 6, retention_ratio 0.2"),
-            ("Qwen-Image (after MagCache Calibrate)", "threshold 0.1, K 2, retention_ratio 0.2"),
-        ],
-        "after": CHAIN_AFTER,
-    },
-    "CachedSamplerGuidanceCache": {
-        "when": [
-            "With cfg above 1 every step runs the model on the positive and the negative prompt. This node "
-            "computes the negative branch only on some steps and estimates it from the positive one on the others, "
-            "so those steps cost half. Use it alone, or chained with a step cache only late in the schedule "
-            "(`start_percent` about 0.7): over the whole schedule, chained, it cost more quality than it saved on "
-            "the pack's measurements. At cfg 1 it does nothing and says so.",
-        ],
-        "families": [
-            ("Any model with cfg above 1", "interval 2-3, mode cadence, estimate difference forecast"),
-            ("Bundled digits model, 28 steps, cfg 3 (measured)", "interval 2: 1.30x less work at 60 dB; 3: 1.47x at 48 dB; 4: 1.56x at 43 dB"),
-        ],
-        "after": [
-            "This node shows nothing itself. The Cached Sampler's summary counts the negative branch separately "
-            "(`uncond 15/28`) and names this node under `acted:`; its tuning plot adds an `uncond` strip, green "
-            "where the negative branch was computed and orange where it was estimated.",
-        ],
-    },
     "CachedSamplerAutoCalibrate": {
         "when": [
             "When you want a quality or a budget rather than a threshold: it runs your prompt once uncached, then "
@@ -339,6 +178,19 @@ PROSE: dict[str, dict] = {
         "after": ["Nothing; connect its VAE to a VAE Decode and a Preview Image to see the frames."],
     },
 }
+
+
+def _method_prose() -> dict[str, dict]:
+    """The config nodes' prose, from their methods' declarations."""
+    from devkit.pack import load
+    from make_locales import PREFIX
+    return {f"{PREFIX}{spec.name}": {"when": list(spec.prose.when), "families": list(spec.prose.families),
+                                     "after": CHAIN_AFTER if spec.prose.after is None else list(spec.prose.after)}
+            for spec in load("interceptors.methods").SPECS}
+
+
+PROSE.update(_method_prose())
+
 
 # -- rendering ---------------------------------------------------------------------------------------------------
 

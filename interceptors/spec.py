@@ -1,0 +1,107 @@
+"""What a caching method's node is, as plain data: one :class:`MethodSpec` per config node, kept next to the
+method's rule in ``methods/`` and listed in order by ``methods.SPECS``.
+
+The node classes (``nodes/configs.py``), the node pages, the memory table, the bench's sweeps and the tests'
+method list are all made from these records, so a method is described in one place. Nothing here imports
+ComfyUI: an input is a plain record that the nodes translate into ComfyUI's inputs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from .base import Interceptor
+
+INPUT_TYPES = ("int", "float", "bool", "choice", "text")
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    """One widget of a config node. Saved workflows store widget values by position: new inputs go last."""
+
+    name: str
+    type: str                            # one of INPUT_TYPES
+    default: Any = None                  # None: the widget's own (a choice's first option)
+    min: float | None = None
+    max: float | None = None
+    step: float | None = None
+    tooltip: str = ""
+    optional: bool = False
+    choices: tuple = ()                  # for "choice"
+    multiline: bool = False              # for "text"
+
+    def __post_init__(self):
+        if self.type not in INPUT_TYPES:
+            raise ValueError(f"input {self.name}: type {self.type!r} is not one of {INPUT_TYPES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prose:
+    """The node page's own texts (the rest of the page comes from the node's definition); their Chinese is in
+    tools/generate/node_docs_zh.json. ``after`` None: the text every chained caching node shares."""
+
+    when: tuple[str, ...]
+    families: tuple[tuple[str, str], ...] = ()
+    after: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """The bench's curve for the node: its key in the results and the values of its threshold or interval
+    (the first turns caching off and anchors the curve); ``quick`` for the bench's quick mode."""
+
+    key: str
+    values: tuple
+    quick: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRow:
+    """A row of docs/memory.md's table: ``settings`` None counts the method's class with each estimator order;
+    otherwise an instance with these settings, on its own. ``not_for``: model families the node refuses."""
+
+    label: str
+    settings: dict | None = None
+    not_for: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """A config node: its id is the pack's prefix + ``name``; ``make(**widget values)`` builds its interceptor."""
+
+    name: str
+    display_name: str
+    description: str
+    inputs: tuple[Input, ...]
+    make: Callable[..., Interceptor]
+    interceptor: type                    # the class ``make`` builds (memory arithmetic, docs)
+    prose: Prose
+    sweep: Sweep | None = None           # None: the bench does not sweep it on its own (an estimator)
+    memory: tuple[MemoryRow, ...] = ()
+
+    def defaults(self) -> dict:
+        """Every widget at its default, as a fresh node has them."""
+        return {i.name: i.default if i.default is not None or i.type != "choice" else i.choices[0]
+                for i in self.inputs}
+
+
+# -- inputs several methods share ---------------------------------------------------------------------------------
+
+def percent_inputs(start: float = 0.0, end: float = 1.0) -> tuple[Input, Input]:
+    return (
+        Input("start_percent", "float", default=start, min=0.0, max=1.0, step=0.01, tooltip=(
+            "Where in the schedule caching may begin (0 = the first step). Percent of the model's noise "
+            "schedule, as in ComfyUI's other start/end percent inputs; earlier steps are always computed.")),
+        Input("end_percent", "float", default=end, min=0.0, max=1.0, step=0.01, tooltip=(
+            "Where caching stops (1 = the end). Later steps are always computed; the last step always is.")),
+    )
+
+
+def threshold_input(default: float, tooltip: str, maximum: float = 100.0, step: float = 0.01) -> Input:
+    return Input("threshold", "float", default=default, min=0.0, max=maximum, step=step, tooltip=tooltip)
+
+
+def max_consecutive_input(default: int) -> Input:
+    return Input("max_consecutive_cached", "int", default=default, min=-1, max=100, tooltip=(
+        "Never skip more than this many steps in a row (-1: no limit). Low values bound the error of long "
+        "reuse runs."))
