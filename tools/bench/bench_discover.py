@@ -41,14 +41,18 @@ SCHEDULE_OFF = {"window_size": 1.0, "flex_window": 0.0}
 GUIDANCE = "CachedSamplerGuidanceCache"
 GUIDANCE_ON_CADENCE = {"interval": 2, "mode": "cadence", "start_percent": 0.6}
 
-# Sweeps per method key. The first value turns caching off (bit-identical output): it anchors each curve.
+
+def _method_specs() -> tuple:
+    """The pack's config nodes as its methods declare them (interceptors/methods/)."""
+    from devkit.pack import load
+    return load("interceptors.methods").SPECS
+
+
+# Sweeps per method key: each pack method's from its declaration, then the bench's own curves (MagCache on a
+# calibrated curve, Auto Calibrate's targets, ComfyUI's EasyCache and LazyCache). The first value turns caching
+# off (bit-identical output): it anchors each curve.
 SWEEPS: dict[str, list] = {
-    "fixed_cadence": [1, 2, 3, 4, 5, 6],
-    "fbcache": [0.0, 0.1, 0.15, 0.2, 0.3, 0.4],
-    "dbcache": [0.0, 0.1, 0.15, 0.2, 0.3, 0.4],
-    "adaptive": [0.0, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3],
-    "teacache": [0.0, 0.2, 0.3, 0.4, 0.6, 0.8],
-    "magcache": [0.0, 0.01, 0.02, 0.04, 0.06],
+    **{spec.sweep.key: list(spec.sweep.values) for spec in _method_specs() if spec.sweep},
     "magcache_calibrated": [0.0, 0.01, 0.02, 0.04, 0.06],
     # as dense as the other methods' sweeps: a target between the floors can meet the next floor with less work
     # (at 28 steps on the digits model the 37.5 dB plan computes 6 steps and reads 40.15 dB at the bench's seed)
@@ -56,16 +60,9 @@ SWEEPS: dict[str, list] = {
     "easycache": [0.0, 0.005, 0.01, 0.02],
     "easycache_copy": [0.0, 0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.2],
     "lazycache": [0.0, 0.005, 0.01, 0.02, 0.04],
-    "verifiedforecast": [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4],
-    "verifiedblockcache": [0.0, 0.01, 0.02, 0.05, 0.1, 0.2],
 }
 QUICK_SWEEPS: dict[str, list] = {
-    "fixed_cadence": [1, 2, 4],
-    "fbcache": [0.0, 0.15, 0.3],
-    "dbcache": [0.0, 0.15, 0.3],
-    "adaptive": [0.0, 0.04, 0.15],
-    "teacache": [0.0, 0.3, 0.6],
-    "magcache": [0.0, 0.02, 0.06],
+    **{spec.sweep.key: list(spec.sweep.quick) for spec in _method_specs() if spec.sweep and spec.sweep.quick},
     "magcache_calibrated": [0.0, 0.02, 0.06],
     "easycache": [0.0, 0.01, 0.04],
     "easycache_copy": [0.0, 0.01, 0.04],
@@ -75,12 +72,10 @@ QUICK_SWEEPS: dict[str, list] = {
     "schedule.window_size": [1.0, 2.0],
     "schedule.flex_window": [0.0, 0.75, 2.0],
 }
-# Pack nodes with a known role; any other pack config node with a 'threshold' or 'interval' input is
-# benchmarked too (sweeping that input around its default).
-PACK_KEYS = {"CachedSamplerAutoCalibrate": "autocalibrate", "CachedSamplerFixedCadence": "fixed_cadence",
-             "CachedSamplerFirstBlockCache": "fbcache", "CachedSamplerDBCache": "dbcache",
-             "CachedSamplerAdaptiveCache": "adaptive", "CachedSamplerTeaCache": "teacache",
-             "CachedSamplerMagCache": "magcache"}
+# Pack nodes with a known role (their sweep's key); any other pack config node with a 'threshold' or 'interval'
+# input is benchmarked too (sweeping that input around its default).
+PACK_KEYS = {"CachedSamplerAutoCalibrate": "autocalibrate",
+             **{PACK_PREFIX + spec.name: spec.sweep.key for spec in _method_specs() if spec.sweep}}
 # DBCache presets (Fn front blocks that always run, Bn back blocks that always run). Fn=1, Bn=0 is the
 # First Block Cache node.
 DBCACHE_PRESETS = {"F1B1": {"Fn": 1, "Bn": 1}, "F2B0": {"Fn": 2, "Bn": 0}}
