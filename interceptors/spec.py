@@ -65,6 +65,22 @@ class MemoryRow:
     not_for: tuple[str, ...] = ()
 
 
+WINDOW = {"start_percent": 0.0, "end_percent": 1.0}  # caching allowed over the whole schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """A chain the shared guarantees (tests/support/methods.py) run on the tests' tiny models (8 steps of euler at
+    cfg 3): ``chain`` lists (config node name, widget values that skip work there, widget values that never skip),
+    the deciding node first, widgets given in full as a saved workflow has them. ``core`` replaces widget values of
+    the first node where the core-level tests (tiny Flux only) want others than the prompts."""
+
+    name: str
+    chain: tuple[tuple[str, dict, dict], ...]
+    core: dict = dataclasses.field(default_factory=dict)
+    negative_branch_only: bool = False   # acts on the negative CFG branch only: at cfg 1 it has nothing to skip
+
+
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
     """A config node: its id is the pack's prefix + ``name``; ``make(**widget values)`` builds its interceptor."""
@@ -78,6 +94,7 @@ class MethodSpec:
     prose: Prose
     sweep: Sweep | None = None           # None: the bench does not sweep it on its own (an estimator)
     memory: tuple[MemoryRow, ...] = ()
+    examples: tuple[Example, ...] = ()   # what the shared guarantees run it in
 
     def defaults(self) -> dict:
         """Every widget at its default, as a fresh node has them."""

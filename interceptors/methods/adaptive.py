@@ -19,7 +19,8 @@ from ..base import Decider
 from ..kinds import Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
-from ..spec import MemoryRow, MethodSpec, Prose, Sweep, max_consecutive_input, percent_inputs, threshold_input
+from ..spec import (Example, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input, percent_inputs,
+                    threshold_input)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,5 +113,9 @@ SPECS = (MethodSpec(
         ("SDXL, 30 steps", "0.1 with max_consecutive_cached 2"),
     )),
     sweep=Sweep("adaptive", (0.0, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3), quick=(0.0, 0.04, 0.15)),
+    # the core-level tests' tiny Flux skips from a lower threshold than the tiny models of the prompts
+    examples=(Example("adaptive", (("AdaptiveCache", dict(threshold=2.0, max_consecutive_cached=-1, **WINDOW),
+                                    dict(threshold=0.0, max_consecutive_cached=-1, **WINDOW)),),
+                      core=dict(threshold=0.6)),),
     memory=(MemoryRow("Adaptive Cache"),),
 ),)

@@ -19,8 +19,8 @@ from ..cards import ModelCard
 from ..kinds import Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
-from ..spec import (Input, MemoryRow, MethodSpec, Prose, Sweep, max_consecutive_input, percent_inputs,
-                    threshold_input)
+from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input,
+                    percent_inputs, threshold_input)
 
 
 
@@ -144,6 +144,17 @@ SPECS = (
             "Cache. Models without block hooks are refused with a pointer to the Adaptive Cache.",
         ), families=_FAMILIES),
         sweep=Sweep("dbcache", _THRESHOLD_SWEEP, quick=(0.0, 0.15, 0.3)),
+        examples=(
+            Example("dbcache", (("DBCache", dict(Fn=1, Bn=0, threshold=1.0, warmup=0.0, max_consecutive_cached=3,
+                                                 max_cached_steps=-1, **WINDOW),
+                                 dict(Fn=1, Bn=0, threshold=0.0, warmup=0.0, max_consecutive_cached=3,
+                                      max_cached_steps=-1, **WINDOW)),)),
+            Example("dbcache + taylorseer", (
+                ("DBCache", dict(Fn=1, Bn=1, threshold=50.0, warmup=0.0, max_consecutive_cached=2, max_cached_steps=-1,
+                                 **WINDOW),
+                 dict(Fn=1, Bn=1, threshold=0.0, warmup=0.0, max_consecutive_cached=2, max_cached_steps=-1, **WINDOW)),
+                ("TaylorSeer", dict(order=2), dict(order=2)))),
+        ),
         memory=(MemoryRow("DBCache, First Block Cache"),),
     ),
     MethodSpec(
@@ -164,6 +175,12 @@ SPECS = (
             *_FAMILIES,
             ("Bundled digits model, 20 steps (measured, + TaylorSeer)", "0.25: 38% less work at 46 dB; past 0.3 quality drops fast"),
         )),
+        examples=(
+            Example("fbcache", (("FirstBlockCache", dict(threshold=50.0, warmup=0.0, max_consecutive_cached=3,
+                                                         max_cached_steps=-1, **WINDOW),
+                                 dict(threshold=0.0, warmup=0.0, max_consecutive_cached=3, max_cached_steps=-1,
+                                      **WINDOW)),)),
+        ),
         sweep=Sweep("fbcache", _THRESHOLD_SWEEP, quick=(0.0, 0.15, 0.3)),
     ),
 )

@@ -19,7 +19,7 @@ from ..kinds import Granularity, InterceptorError
 from ..records import Evaluation
 from ..run import Run
 from ..memory import Footprint
-from ..spec import Input, MemoryRow, MethodSpec, Prose, Sweep, percent_inputs
+from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs
 
 MAX_GROWTH = 16.0  # the largest growth of the interval per computed step
 
@@ -83,5 +83,21 @@ SPECS = (MethodSpec(
         ("Bundled digits model, 28 steps (measured)", "interval 5 + TaylorSeer: 4.0x less model work at 40.5 dB; interval 6: 4.7x at 37 dB"),
     )),
     sweep=Sweep("fixed_cadence", (1, 2, 3, 4, 5, 6), quick=(1, 2, 4)),
+    examples=(
+        Example("fixed cadence", (("FixedCadence", dict(interval=2, **WINDOW), dict(interval=1, **WINDOW)),)),
+        Example("fixed cadence + taylorseer", (
+            ("FixedCadence", dict(interval=3, **WINDOW), dict(interval=1, **WINDOW)),
+            ("TaylorSeer", dict(order=2), dict(order=2)))),
+        # window 4, degree 2: the Chebyshev fit takes part from the 4th computed step (step 6 of 8) on
+        Example("fixed cadence + spectrum", (
+            ("FixedCadence", dict(interval=2, **WINDOW), dict(interval=1, **WINDOW)),
+            ("Spectrum", dict(window=4, degree=2, ridge=0.1, blend=0.5, order=1),
+             dict(window=4, degree=2, ridge=0.1, blend=0.5, order=1)))),
+        # Spectrum's growing schedule: 8 steps computed at 0, 1, 3, 6 and the last (gaps 1, 2, 3)
+        Example("growing cadence + spectrum", (
+            ("FixedCadence", dict(interval=1, growth=1.0, **WINDOW), dict(interval=1, growth=0.0, **WINDOW)),
+            ("Spectrum", dict(window=4, degree=1, ridge=0.1, blend=0.5, order=1),
+             dict(window=4, degree=1, ridge=0.1, blend=0.5, order=1)))),
+    ),
     memory=(MemoryRow("Fixed Cadence"),),
 ),)

@@ -45,7 +45,7 @@ from ..kinds import InterceptorError, check_range
 from ..memory import Footprint
 from ..records import Evaluation
 from ..run import Run
-from ..spec import Input, MemoryRow, MethodSpec, Prose, percent_inputs
+from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, WINDOW, percent_inputs
 from .planned import fits_plan
 from .taylorseer import TaylorSeer
 
@@ -262,6 +262,21 @@ SPECS = (MethodSpec(
         "(`uncond 15/28`) and names this node under `acted:`; its tuning plot adds an `uncond` strip, green "
         "where the negative branch was computed and orange where it was estimated.",
     )),
+    examples=(
+        Example("guidance cache", (("GuidanceCache", dict(interval=2, mode="cadence", threshold=0.0,
+                                                          estimate="difference forecast", **WINDOW),
+                                    dict(interval=1, mode="cadence", threshold=0.0, estimate="difference forecast",
+                                         **WINDOW)),), negative_branch_only=True),
+        Example("guidance cache + fixed cadence", (
+            ("FixedCadence", dict(interval=2, **WINDOW), dict(interval=1, **WINDOW)),
+            ("GuidanceCache", dict(interval=3, mode="cadence", threshold=0.0, estimate="difference forecast", **WINDOW),
+             dict(interval=1, mode="cadence", threshold=0.0, estimate="difference forecast", **WINDOW)))),
+        # threshold 1.5: 1 - cos < 1.5 for every pair of predictions but opposite ones, so it skips here
+        Example("guidance agreement", (("GuidanceCache", dict(interval=3, mode="agreement", threshold=1.5,
+                                                              estimate="difference forecast", **WINDOW),
+                                        dict(interval=3, mode="agreement", threshold=0.0,
+                                             estimate="difference forecast", **WINDOW)),), negative_branch_only=True),
+    ),
     # its own history of the negative branch, whatever estimator the chain has
     memory=(MemoryRow("Guidance Cache (difference forecast)", settings={}),
             MemoryRow("Guidance Cache, adaptive", settings={"mode": "adaptive"})),

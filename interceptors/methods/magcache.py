@@ -18,7 +18,7 @@ from ..base import Decider, RecordingDecider
 from ..cards import ModelCard
 from ..kinds import Granularity, InterceptorError, check_range
 from ..memory import Footprint
-from ..spec import Input, MemoryRow, MethodSpec, Prose, Sweep, percent_inputs, threshold_input
+from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs, threshold_input
 
 
 # Calibrated ratios published with Zehong-Ma/ComfyUI-MagCache (first value 1.0 = step 0). Wan curves
@@ -221,5 +221,9 @@ SPECS = (MethodSpec(
         ("Qwen-Image (after MagCache Calibrate)", "threshold 0.1, K 2, retention_ratio 0.2"),
     )),
     sweep=Sweep("magcache", (0.0, 0.01, 0.02, 0.04, 0.06), quick=(0.0, 0.02, 0.06)),
+    examples=(Example("magcache", (("MagCache", dict(threshold=100.0, K=2, retention_ratio=0.0, model_type="auto",
+                                                     custom_ratios="", **WINDOW),
+                                    dict(threshold=0.0, K=2, retention_ratio=0.0, model_type="auto", custom_ratios="",
+                                         **WINDOW)),)),),
     memory=(MemoryRow("MagCache"),),
 ),)

@@ -16,7 +16,7 @@ from ..cards import ModelCard
 from ..kinds import Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
-from ..spec import Input, MemoryRow, MethodSpec, Prose, Sweep, percent_inputs, threshold_input
+from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs, threshold_input
 
 
 # Rescale polynomials, highest power first, as published in ali-vilab/TeaCache (TeaCache4FLUX,
@@ -130,6 +130,11 @@ SPECS = (MethodSpec(
         ("Wan 2.1 14B", "0.2"),
     )),
     sweep=Sweep("teacache", (0.0, 0.2, 0.3, 0.4, 0.6, 0.8), quick=(0.0, 0.3, 0.6)),
+    # Wan's fitted polynomial turns the random tiny Wan's changes into values far above any threshold: the gentler
+    # LTXV fit, chosen explicitly, skips on every tiny model of the prompts (the core-level tests' tiny Flux: auto)
+    examples=(Example("teacache", (("TeaCache", dict(threshold=100.0, model_type="ltxv", **WINDOW),
+                                    dict(threshold=0.0, model_type="auto", **WINDOW)),),
+                      core=dict(model_type="auto")),),
     # no published polynomial for Qwen-Image: the node refuses the model
     memory=(MemoryRow("TeaCache", not_for=("qwen_image",)),),
 ),)

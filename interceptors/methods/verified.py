@@ -45,8 +45,8 @@ from .dbcache import check_probe
 from ..kinds import Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
-from ..spec import (Input, MemoryRow, MethodSpec, Prose, Sweep, max_consecutive_input, percent_inputs,
-                    threshold_input)
+from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input,
+                    percent_inputs, threshold_input)
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """<a, b> in float64 (float32 where the device has no float64, as MPS): the error is a difference of such
@@ -295,6 +295,10 @@ SPECS = (
             ("Any model", "0.05 cautious, 0.1 balanced, 0.2 fast (with TaylorSeer order 1)"),
         )),
         sweep=Sweep("verifiedforecast", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4)),
+        examples=(Example("verified forecast + taylorseer", (
+            ("VerifiedForecast", dict(threshold=10.0, max_consecutive_cached=-1, **WINDOW),
+             dict(threshold=0.0, max_consecutive_cached=-1, **WINDOW)),
+            ("TaylorSeer", dict(order=1), dict(order=1)))),),
         memory=(MemoryRow("Verified Forecast"),),
     ),
     MethodSpec(
@@ -330,6 +334,11 @@ SPECS = (
             ("Any block-hooked model", "0.05 with TaylorSeer order 1 or 2, refresh_ratio 2"),
         )),
         sweep=Sweep("verifiedblockcache", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2)),
+        examples=(Example("verified blocks + taylorseer", (
+            ("VerifiedBlockCache", dict(Fn=1, Bn=1, threshold=10.0, refresh_ratio=2.0, max_consecutive_cached=-1,
+                                        **WINDOW),
+             dict(Fn=1, Bn=1, threshold=0.0, refresh_ratio=2.0, max_consecutive_cached=-1, **WINDOW)),
+            ("TaylorSeer", dict(order=2), dict(order=2)))),),
         memory=(MemoryRow("Verified Block Cache"),),
     ),
 )
