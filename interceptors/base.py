@@ -21,31 +21,91 @@ from .run import Run
 
 
 @dataclasses.dataclass(frozen=True)
+class Declaration:
+    """What a method class is, declared once per class as ``declaration`` (read ``type(x).declaration.<field>``,
+    or ``x.<field>`` on the class or an instance). The defaults below hold for every class that does not say
+    otherwise; the decider fields mean nothing to an estimator."""
+
+    kind: str = "interceptor"            # the id of its decisions and state in a run; unique within a chain
+    display_name: str = "Interceptor"    # how messages and the summary name it
+    role: Role = Role.DECIDER
+    granularity: Granularity | None = None  # the level it decides at; None: whatever the decider uses
+    alters_output: bool = True           # False: it only watches (a calibration's recording)
+    # False: refuse to run on a model compiled by TorchCompileModel. Block-level interceptors are refused there
+    # whatever they declare: they run inside the compiled graph (see InterceptorChain.compile_problems).
+    compile_safe: bool = True
+    # True: the RunState is the run's result (a calibration's recordings) and outlives the run's caches.
+    keeps_results: bool = False
+    # -- deciders --
+    signal: Signal = Signal.NONE         # what the engine hands to Decider.decide
+    # False: the decider estimates what it skips itself (the Guidance Cache's own forecast), so a chained
+    # estimator has nothing to estimate for it
+    uses_estimator: bool = True
+    # True: some setting counts steps of the model's schedule (a warm-up, a ratio curve), so the run must know
+    # where its steps sit in that schedule (Evaluation.position).
+    counts_steps: bool = False
+    # True: on a computed whole-model forward the engine also forecasts the output (what a skip would have used)
+    # and hands it over in ``forward.forecasts`` before the estimator sees the computed one.
+    verifies_forecast: bool = False
+    # True: its skip is a forecast checked against the signals it measured (the verified methods). The evaluation's
+    # decision is taken on the first model call; where the CFG branches come in separate calls, the run says that
+    # the branches of the later ones were skipped unchecked.
+    checks_forecast: bool = False
+    # the last step is computed whatever the rule says; a plan whose quality was measured with it forecast says False
+    forces_last_step: bool = True
+    # What the metric it reports (``run.report_metric``) measures: the tuning plot's y axis and the live text's
+    # wording. None: no name of its own (shown as "change metric").
+    metric_name: str | None = None
+    # True: its metric is named only where no other decider of the chain reports one (a decider beside a step or
+    # block cache, whose metric the plot and the live text then show).
+    metric_secondary: bool = False
+    # What it keeps between steps per CFG branch, for interceptors/memory.py's arithmetic; None: not counted there.
+    footprint: Footprint | None = None
+
+    def but(self, **changes) -> "Declaration":
+        """This declaration with ``changes``: a subclass's, from its parent's."""
+        return dataclasses.replace(self, **changes)
+
+
+DECLARED = tuple(f.name for f in dataclasses.fields(Declaration))
+
+
+class _Declared:
+    """One field of the class's declaration, read on the class or on an instance."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, owner):
+        return getattr(owner.declaration, self.name)
+
+
+@dataclasses.dataclass(frozen=True)
 class Interceptor:
     """Base of every interceptor.
 
-    Subclasses set the class-level contract (``kind``, ``role``, ``granularity``, ``alters_output``,
-    ``compile_safe``) and add their parameters as dataclass fields. ``node`` names the config node
-    that made it so that every error can point the user at the right place in the graph.
+    Subclasses state what they are in ``declaration`` (:class:`Declaration`, usually their parent's ``.but(...)``)
+    and add their parameters as dataclass fields. ``node`` names the config node that made it so that every error
+    can point the user at the right place in the graph.
     """
 
-    kind: ClassVar[str] = "interceptor"
-    display_name: ClassVar[str] = "Interceptor"
-    role: ClassVar[Role] = Role.DECIDER
-    granularity: ClassVar[Granularity | None] = None  # None: works with whatever the decider uses
-    alters_output: ClassVar[bool] = True
-    # False: refuse to run on a model compiled by TorchCompileModel. Block-level interceptors are refused there
-    # whatever they declare: they run inside the compiled graph (see InterceptorChain.compile_problems).
-    compile_safe: ClassVar[bool] = True
+    declaration: ClassVar[Declaration] = Declaration()
     # What the interceptor learns during one run, as a dataclass with named fields: the run makes a fresh
     # one (LoopState.state_of) and drops it with the run. BranchState is the same, one per CFG branch
     # (LoopState.branch_of), for what must never leak from one branch's cache into another's.
     RunState: ClassVar[type | None] = None
     BranchState: ClassVar[type | None] = None
-    # True: the RunState is the run's result (a calibration's recordings) and outlives the run's caches.
-    keeps_results: ClassVar[bool] = False
 
     node: str = dataclasses.field(default="", compare=False)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # one place per class: a loose flag would disagree with type(x).declaration. A property may compute a field
+        # from the instance's settings (the Guidance Cache's footprint, from its mode).
+        loose = [name for name in DECLARED if name in vars(cls) and not isinstance(vars(cls)[name], property)]
+        if loose:
+            raise TypeError(f"{cls.__qualname__}: declare {', '.join(loose)} in its declaration "
+                            f"(declaration = {cls.__mro__[1].__name__}.declaration.but(...))")
 
     @property
     def id(self) -> str:
@@ -72,6 +132,10 @@ class Interceptor:
         return f"{self.display_name}({params})"
 
 
+for _name in DECLARED:  # x.kind, type(x).footprint, ...: its declaration's
+    setattr(Interceptor, _name, _Declared(_name))
+
+
 @dataclasses.dataclass(frozen=True)
 class Decider(Interceptor):
     """Chooses, once per sampler evaluation, whether the model work it covers is computed or skipped.
@@ -89,32 +153,6 @@ class Decider(Interceptor):
     run and their residual is the *probe*; the *back* blocks (Bn, "last n") always run too; the blocks between
     them form one skippable *segment* per block group.
     """
-
-    role: ClassVar[Role] = Role.DECIDER
-    signal: ClassVar[Signal] = Signal.NONE
-    # False: the decider estimates what it skips itself (the Guidance Cache's own forecast), so a chained
-    # estimator has nothing to estimate for it
-    uses_estimator: ClassVar[bool] = True
-    # True: some setting counts steps of the model's schedule (a warm-up, a ratio curve), so the run must know
-    # where its steps sit in that schedule (Evaluation.position).
-    counts_steps: ClassVar[bool] = False
-    # True: on a computed whole-model forward the engine also forecasts the output (what a skip would have used)
-    # and hands it over in ``forward.forecasts`` before the estimator sees the computed one.
-    verifies_forecast: ClassVar[bool] = False
-    # True: its skip is a forecast checked against the signals it measured (the verified methods). The evaluation's
-    # decision is taken on the first model call; where the CFG branches come in separate calls, the run says that
-    # the branches of the later ones were skipped unchecked.
-    checks_forecast: ClassVar[bool] = False
-    # the last step is computed whatever the rule says; a plan whose quality was measured with it forecast says False
-    forces_last_step: ClassVar[bool] = True
-    # What the metric it reports (``run.report_metric``) measures: the tuning plot's y axis and the live text's
-    # wording. None: no name of its own (shown as "change metric").
-    metric_name: ClassVar[str | None] = None
-    # True: its metric is named only where no other decider of the chain reports one (a decider beside a step or
-    # block cache, whose metric the plot and the live text then show).
-    metric_secondary: ClassVar[bool] = False
-    # What it keeps between steps per CFG branch, for interceptors/memory.py's arithmetic; None: not counted there.
-    footprint: ClassVar[Footprint | None] = None
 
     start_percent: float = 0.0
     end_percent: float = 1.0
@@ -184,9 +222,8 @@ class GuidanceDecider(Decider):
     context window), hands it to :meth:`decide` as the signal and tells the decider, in epsilon space, what each
     evaluation computed or left out; what the history holds is the decider's."""
 
-    granularity: ClassVar[Granularity] = Granularity.GUIDANCE
-    signal: ClassVar[Signal] = Signal.GUIDANCE
-    uses_estimator: ClassVar[bool] = False  # it forecasts the negative branch itself
+    declaration = Declaration(granularity=Granularity.GUIDANCE, signal=Signal.GUIDANCE,
+                              uses_estimator=False)  # it forecasts the negative branch itself
 
     @property
     def never_skips(self) -> bool:
@@ -216,8 +253,7 @@ class GuidanceDecider(Decider):
 class RecordingDecider(Decider):
     """Computes everything and only watches: the calibration passes, whose output must equal the plain run."""
 
-    alters_output: ClassVar[bool] = False
-    keeps_results: ClassVar[bool] = True
+    declaration = Declaration(alters_output=False, keeps_results=True)
 
     def decide(self, run: Run, ev: Evaluation, signals, measured) -> bool:
         return True
@@ -232,8 +268,7 @@ class Estimator(Interceptor):
     its arithmetic on ``device``, the device of the tensor it stands in for.
     """
 
-    role: ClassVar[Role] = Role.ESTIMATOR
-    granularity: ClassVar[Granularity | None] = None
+    declaration = Declaration(role=Role.ESTIMATOR)
     Slot: ClassVar[type]
 
     def new_slot(self, schedule: Sequence[float]):

@@ -14,9 +14,7 @@ from .base import Estimator
 
 @dataclasses.dataclass(frozen=True)
 class ReuseLast(Estimator):
-    kind = "reuse"
-    display_name = "Reuse last"
-    alters_output = True
+    declaration = Estimator.declaration.but(kind="reuse", display_name="Reuse last", alters_output=True)
 
     @dataclasses.dataclass
     class Slot:

@@ -25,12 +25,14 @@ from ..spec import (Example, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_co
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveCache(Decider):
-    kind = "adaptive"
-    display_name = "Adaptive Cache"
-    metric_name = "accumulated predicted change"
-    footprint = Footprint("model_outputs", anchor="model_anchors")
-    granularity = Granularity.MODEL
-    signal = Signal.MODEL_INPUT
+    declaration = Decider.declaration.but(
+        kind="adaptive",
+        display_name="Adaptive Cache",
+        metric_name="accumulated predicted change",
+        footprint=Footprint("model_outputs", anchor="model_anchors"),
+        granularity=Granularity.MODEL,
+        signal=Signal.MODEL_INPUT,
+    )
 
     threshold: float = 0.1
     start_percent: float = 0.15

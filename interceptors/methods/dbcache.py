@@ -34,13 +34,15 @@ def check_probe(label: str, front: int, back: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DBCache(Decider):
-    kind = "dbcache"
-    display_name = "DBCache"
-    metric_name = "residual change (relative L1)"
-    footprint = Footprint("block_streams", anchor="probe_residual")
-    granularity = Granularity.BLOCKS
-    signal = Signal.PROBE_RESIDUAL
-    counts_steps = True
+    declaration = Decider.declaration.but(
+        kind="dbcache",
+        display_name="DBCache",
+        metric_name="residual change (relative L1)",
+        footprint=Footprint("block_streams", anchor="probe_residual"),
+        granularity=Granularity.BLOCKS,
+        signal=Signal.PROBE_RESIDUAL,
+        counts_steps=True,
+    )
 
     front: int = 1
     back: int = 0
@@ -96,8 +98,7 @@ class DBCache(Decider):
 class FirstBlockCache(DBCache):
     """First Block Cache: DBCache with Fn=1, Bn=0 (its own kind, since users look for it by name)."""
 
-    kind = "fbcache"
-    display_name = "First Block Cache"
+    declaration = DBCache.declaration.but(kind="fbcache", display_name="First Block Cache")
 
     def blocks(self) -> tuple[int, int]:
         return 1, 0

@@ -26,11 +26,13 @@ MAX_GROWTH = 16.0  # the largest growth of the interval per computed step
 
 @dataclasses.dataclass(frozen=True)
 class FixedCadence(Decider):
-    kind = "fixed_cadence"
-    display_name = "Fixed Cadence"
-    metric_name = "evaluations since last compute"
-    footprint = Footprint("model_outputs")
-    granularity = Granularity.MODEL
+    declaration = Decider.declaration.but(
+        kind="fixed_cadence",
+        display_name="Fixed Cadence",
+        metric_name="evaluations since last compute",
+        footprint=Footprint("model_outputs"),
+        granularity=Granularity.MODEL,
+    )
 
     interval: int = 2
     growth: float = 0.0

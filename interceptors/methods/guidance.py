@@ -62,10 +62,12 @@ KEPT_EVALUATIONS = 2
 
 @dataclasses.dataclass(frozen=True)
 class GuidanceCache(GuidanceDecider):
-    kind = "guidance_cache"
-    display_name = "Guidance Cache"
-    metric_name = "guidance: steps / predicted change / disagreement"
-    metric_secondary = True  # beside a step or block cache, that cache's metric is the one shown
+    declaration = GuidanceDecider.declaration.but(
+        kind="guidance_cache",
+        display_name="Guidance Cache",
+        metric_name="guidance: steps / predicted change / disagreement",
+        metric_secondary=True,  # beside a step or block cache, that cache's metric is the one shown
+    )
 
     interval: int = 2
     mode: str = "cadence"

@@ -72,12 +72,14 @@ def parse_ratios(text: str, node: str) -> tuple[float, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class MagCache(Decider):
-    kind = "magcache"
-    display_name = "MagCache"
-    metric_name = "accumulated error"
-    footprint = Footprint("block_streams")
-    granularity = Granularity.BLOCKS
-    counts_steps = True
+    declaration = Decider.declaration.but(
+        kind="magcache",
+        display_name="MagCache",
+        metric_name="accumulated error",
+        footprint=Footprint("block_streams"),
+        granularity=Granularity.BLOCKS,
+        counts_steps=True,
+    )
 
     threshold: float = 0.06
     max_consecutive_cached: int = 2  # the node's K: the shared limit (Decider)
@@ -149,9 +151,11 @@ class MagCache(Decider):
 class MagnitudeRecorder(RecordingDecider):
     """Records MagCache's magnitude ratio of the block-stack residual at every step."""
 
-    kind = "magcache_recorder"
-    display_name = "MagCache calibration"
-    granularity = Granularity.BLOCKS
+    declaration = RecordingDecider.declaration.but(
+        kind="magcache_recorder",
+        display_name="MagCache calibration",
+        granularity=Granularity.BLOCKS,
+    )
 
     @dataclasses.dataclass
     class RunState:

@@ -42,10 +42,12 @@ class PlannedSchedule(Decider):
     scale its quality was measured at: at another cfg the plan is followed and the node says that its quality
     was measured at another one."""
 
-    kind = "planned"
-    display_name = "Calibrated Schedule"
-    granularity = Granularity.MODEL
-    forces_last_step = False  # the plan names every evaluation it computes; its quality was measured so
+    declaration = Decider.declaration.but(
+        kind="planned",
+        display_name="Calibrated Schedule",
+        granularity=Granularity.MODEL,
+        forces_last_step=False,  # the plan names every evaluation it computes; its quality was measured so
+    )
 
     compute: tuple[int, ...] = ()
     sigmas: tuple[float, ...] = ()
@@ -87,9 +89,11 @@ class PlannedSchedule(Decider):
 class Recorder(RecordingDecider):
     """Keeps each evaluation's output (epsilon space, on the CPU) for calibration."""
 
-    kind = "recorder"
-    display_name = "Calibration recorder"
-    granularity = Granularity.MODEL
+    declaration = RecordingDecider.declaration.but(
+        kind="recorder",
+        display_name="Calibration recorder",
+        granularity=Granularity.MODEL,
+    )
 
     @dataclasses.dataclass
     class RunState:

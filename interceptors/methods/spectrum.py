@@ -38,9 +38,7 @@ from .taylorseer import lagrange_weights, same_sigma
 
 @dataclasses.dataclass(frozen=True)
 class Spectrum(Estimator):
-    kind = "spectrum"
-    display_name = "Spectrum"
-    alters_output = True
+    declaration = Estimator.declaration.but(kind="spectrum", display_name="Spectrum", alters_output=True)
 
     window: int = 10     # computed points kept (and fitted)
     degree: int = 4      # Chebyshev T_0..T_degree (the paper's m)

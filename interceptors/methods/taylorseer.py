@@ -26,9 +26,7 @@ from ..spec import Input, MethodSpec, Prose
 
 @dataclasses.dataclass(frozen=True)
 class TaylorSeer(Estimator):
-    kind = "taylorseer"
-    display_name = "TaylorSeer"
-    alters_output = True
+    declaration = Estimator.declaration.but(kind="taylorseer", display_name="TaylorSeer", alters_output=True)
 
     order: int = 1
 

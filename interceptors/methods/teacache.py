@@ -43,12 +43,14 @@ def rescale(coefficients: tuple[float, ...], x: float) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class TeaCache(Decider):
-    kind = "teacache"
-    display_name = "TeaCache"
-    metric_name = "accumulated rescaled change"
-    footprint = Footprint("block_streams", anchor="modulated_input")
-    granularity = Granularity.BLOCKS
-    signal = Signal.MODULATED_INPUT
+    declaration = Decider.declaration.but(
+        kind="teacache",
+        display_name="TeaCache",
+        metric_name="accumulated rescaled change",
+        footprint=Footprint("block_streams", anchor="modulated_input"),
+        granularity=Granularity.BLOCKS,
+        signal=Signal.MODULATED_INPUT,
+    )
 
     threshold: float = 0.4
     model_type: str = "auto"

@@ -62,12 +62,14 @@ def _sums_measure(terms: list[torch.Tensor], group) -> Measure:
 
 @dataclasses.dataclass(frozen=True)
 class VerifiedBlockCache(Decider):
-    kind = "verified_blocks"
-    footprint = Footprint("block_streams_and_back", anchor="probe_points")
-    display_name = "Verified Block Cache"
-    granularity = Granularity.BLOCKS
-    signal = Signal.PROBE_RESIDUAL
-    checks_forecast = True
+    declaration = Decider.declaration.but(
+        kind="verified_blocks",
+        footprint=Footprint("block_streams_and_back", anchor="probe_points"),
+        display_name="Verified Block Cache",
+        granularity=Granularity.BLOCKS,
+        signal=Signal.PROBE_RESIDUAL,
+        checks_forecast=True,
+    )
 
     front: int = 1
     back: int = 1
@@ -200,13 +202,15 @@ class VerifiedBlockCache(Decider):
 
 @dataclasses.dataclass(frozen=True)
 class VerifiedForecast(Decider):
-    kind = "verified_forecast"
-    footprint = Footprint("model_outputs", anchor="model_input")
-    display_name = "Verified Forecast"
-    granularity = Granularity.MODEL
-    signal = Signal.MODEL_INPUT
-    verifies_forecast = True
-    checks_forecast = True
+    declaration = Decider.declaration.but(
+        kind="verified_forecast",
+        footprint=Footprint("model_outputs", anchor="model_input"),
+        display_name="Verified Forecast",
+        granularity=Granularity.MODEL,
+        signal=Signal.MODEL_INPUT,
+        verifies_forecast=True,
+        checks_forecast=True,
+    )
 
     threshold: float = 0.05
 

@@ -29,9 +29,7 @@ def test_duplicate_method_names_both_nodes():
 def test_two_deciders_at_one_granularity_conflict_names_both():
     @dataclasses.dataclass(frozen=True)
     class OtherModelDecider(ic.Decider):
-        kind = "other"
-        display_name = "Other"
-        granularity = ic.Granularity.MODEL
+        declaration = ic.Decider.declaration.but(kind="other", display_name="Other", granularity=ic.Granularity.MODEL)
 
     with pytest.raises(ic.ChainError) as e:
         ic.InterceptorChain.of([ic.FixedCadence(node="A (node 1)"), OtherModelDecider(node="B (node 2)")])
@@ -55,8 +53,7 @@ def test_impossible_parameters_are_rejected_naming_node_and_input(kwargs, words)
 def test_estimator_without_decider_is_refused():
     @dataclasses.dataclass(frozen=True)
     class Forecast(ic.ReuseLast):
-        kind = "forecast"
-        display_name = "Forecast"
+        declaration = ic.ReuseLast.declaration.but(kind="forecast", display_name="Forecast")
 
     with pytest.raises(ic.ChainError, match="nothing in the chain skips"):
         ic.InterceptorChain.of([Forecast(node="Forecast (node 5)")])
@@ -65,9 +62,11 @@ def test_estimator_without_decider_is_refused():
 def test_model_validation_block_level_and_distilled():
     @dataclasses.dataclass(frozen=True)
     class BlockDecider(ic.Decider):
-        kind = "blocky"
-        display_name = "Blocky"
-        granularity = ic.Granularity.BLOCKS
+        declaration = ic.Decider.declaration.but(
+            kind="blocky",
+            display_name="Blocky",
+            granularity=ic.Granularity.BLOCKS,
+        )
 
     unet = ic.build_card("SDXL", "SDXL")
     chain = ic.InterceptorChain.of([BlockDecider(node="Blocky (node 2)")])
@@ -116,7 +115,7 @@ def test_a_family_kept_at_whole_model_level_says_why_when_a_block_method_is_refu
 def test_typed_state_is_per_run_and_per_branch():
     @dataclasses.dataclass(frozen=True)
     class Counting(ic.FixedCadence):
-        kind = "counting"
+        declaration = ic.FixedCadence.declaration.but(kind="counting")
 
         @dataclasses.dataclass
         class RunState:
@@ -140,7 +139,7 @@ def test_typed_state_is_per_run_and_per_branch():
 def test_state_without_a_declared_dataclass_is_refused():
     @dataclasses.dataclass(frozen=True)
     class Stateless(ic.Decider):
-        kind = "stateless"
+        declaration = ic.Decider.declaration.but(kind="stateless")
 
         def decide(self, run, ev, signals, measured):
             return True

@@ -132,9 +132,11 @@ def test_loop_states_are_independent():
 
 @dataclasses.dataclass(frozen=True)
 class EveryOther(ic.Decider):
-    kind = "every_other"
-    display_name = "Every other"
-    granularity = ic.Granularity.BLOCKS
+    declaration = ic.Decider.declaration.but(
+        kind="every_other",
+        display_name="Every other",
+        granularity=ic.Granularity.BLOCKS,
+    )
 
     def decide(self, run, ev, signals, measured):
         return ev.index % 2 == 0

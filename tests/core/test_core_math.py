@@ -165,9 +165,7 @@ def test_schedule_of_matches_comfyuis_slicing():
 
 @dataclasses.dataclass(frozen=True)
 class _SkipOdd(ic.Decider):
-    kind = "skip_odd"
-    display_name = "Skip odd"
-    granularity = ic.Granularity.MODEL
+    declaration = ic.Decider.declaration.but(kind="skip_odd", display_name="Skip odd", granularity=ic.Granularity.MODEL)
 
     def decide(self, run, ev, signals, measured):
         return ev.step % 2 == 0

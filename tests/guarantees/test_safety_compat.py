@@ -204,8 +204,7 @@ def test_on_a_compiled_model_exactly_the_block_level_and_compile_unsafe_intercep
 
     @dataclasses.dataclass(frozen=True)
     class CompileUnsafe(ic.FixedCadence):
-        kind = "compile_unsafe"
-        compile_safe = False
+        declaration = ic.FixedCadence.declaration.but(kind="compile_unsafe", compile_safe=False)
 
     classes = [obj for obj in vars(ic).values() if isinstance(obj, type) and issubclass(obj, ic.Interceptor)
                and obj not in (ic.Interceptor, ic.Decider, ic.Estimator)] + [CompileUnsafe]

@@ -287,7 +287,7 @@ def poisoned_estimator(ic, kind: str):
 
     @dataclasses.dataclass(frozen=True)
     class Poisoned(ic.ReuseLast):
-        display_name = "Poisoned forecast"
+        declaration = ic.ReuseLast.declaration.but(display_name="Poisoned forecast")
 
         def estimate(self, slot, sigma, device):
             return slot.value * float("nan")

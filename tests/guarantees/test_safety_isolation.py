@@ -229,8 +229,10 @@ def module_global_reuse(ic):
 
     @dataclasses.dataclass(frozen=True)
     class ModuleGlobalReuse(ic.Estimator):
-        kind = "test_module_global_reuse"
-        display_name = "Module-global reuse (deliberately broken)"
+        declaration = ic.Estimator.declaration.but(
+            kind="test_module_global_reuse",
+            display_name="Module-global reuse (deliberately broken)",
+        )
 
         @dataclasses.dataclass
         class Slot:

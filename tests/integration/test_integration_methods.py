@@ -251,8 +251,7 @@ def test_poisoned_branch_cache_never_reaches_the_other_branch(comfy, decider, sp
 
     @dataclasses.dataclass(frozen=True)
     class PoisonUncond(ic.ReuseLast):
-        kind = "poison"
-        display_name = "Poison"
+        declaration = ic.ReuseLast.declaration.but(kind="poison", display_name="Poison")
 
         @dataclasses.dataclass
         class Slot(ic.ReuseLast.Slot):

@@ -45,10 +45,12 @@ def study_classes(ic):
     @dataclasses.dataclass(frozen=True)
     class WholePlan(ic.base.Decider):
         """Computes the evaluations ``compute`` names (the block plan decides how much of each runs)."""
-        kind = "study_whole_plan"
-        display_name = "Study plan"
-        granularity = Granularity.MODEL
-        forces_last_step = False
+        declaration = ic.base.Decider.declaration.but(
+            kind="study_whole_plan",
+            display_name="Study plan",
+            granularity=Granularity.MODEL,
+            forces_last_step=False,
+        )
         compute: tuple = ()
 
         def decide(self, run, ev, signals, measured):
@@ -59,9 +61,11 @@ def study_classes(ic):
     class BlockPlan(ic.VerifiedBlockCache):
         """Runs ``full`` in full and ``partial`` in the middle tier (front and back blocks on the forecast middle);
         with ``alone`` it is the only decider and forecasts every other evaluation's blocks."""
-        kind = "study_block_plan"
-        display_name = "Study tiers"
-        forces_last_step = False
+        declaration = ic.VerifiedBlockCache.declaration.but(
+            kind="study_block_plan",
+            display_name="Study tiers",
+            forces_last_step=False,
+        )
         full: tuple = ()
         partial: tuple = ()
         alone: bool = False
@@ -85,7 +89,7 @@ def study_classes(ic):
     @dataclasses.dataclass(frozen=True)
     class Forecast(ic.TaylorSeer):
         """TaylorSeer that keeps no point at the sigmas in ``ignore`` (the partial steps' outputs)."""
-        kind = "study_taylorseer"
+        declaration = ic.TaylorSeer.declaration.but(kind="study_taylorseer")
         ignore: tuple = ()
 
         def observe(self, slot, value, sigma):
