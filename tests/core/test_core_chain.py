@@ -265,3 +265,17 @@ def test_released_run_keeps_no_branch_tensors():
     assert held and all(".branch_states" in path for path in held), held
     run.release_caches()
     assert tensors_in(run) == []
+
+
+def test_a_method_declares_what_it_is_once():
+    """The class's declaration is what the run reads, on the class and on an instance; a loose class-level flag,
+    which the declaration would contradict, is refused when the class is defined."""
+    dbcache, fbcache = ic.DBCache(), ic.FirstBlockCache()
+    assert type(dbcache).declaration.kind == dbcache.kind == ic.DBCache.kind == "dbcache"
+    assert fbcache.kind == "fbcache" and fbcache.signal is ic.Signal.PROBE_RESIDUAL  # the rest from DBCache's
+    assert ic.TaylorSeer.role is ic.Role.ESTIMATOR and ic.TaylorSeer.declaration.footprint is None
+    with pytest.raises(TypeError, match="compile_safe"):
+        class Loose(ic.FixedCadence):
+            compile_safe = False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ic.FixedCadence.declaration.kind = "other"
