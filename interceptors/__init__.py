@@ -10,8 +10,8 @@ from .chain import InterceptorChain
 from .methods.dbcache import DBCache, FirstBlockCache
 from .methods.fixed_cadence import FixedCadence
 from .methods.guidance import GuidanceCache
-from .kinds import (NEGATIVE, POSITIVE, ChainError, Granularity, InterceptorError, NonFiniteOutputError, Role,
-                    Signal)
+from .kinds import (NEGATIVE, POSITIVE, Anchor, Cached, ChainError, Granularity, InterceptorError,
+                    NonFiniteOutputError, Role, Signal)
 from .methods.magcache import MagCache, MagnitudeRecorder, recorded_ratios
 from .observers import NaNWatch
 from .methods.planned import Plan, PlannedSchedule, Recorder, calibrate, recorded_trajectory
@@ -27,7 +27,7 @@ from .methods.teacache import TeaCache
 from .methods.verified import VerifiedBlockCache, VerifiedForecast
 
 __all__ = [
-    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal",
+    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal", "Anchor", "Cached",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "Run", "POSITIVE", "NEGATIVE", "RunSummary", "build_card", "DiffusionFacts", "schedule_of", "summarize",
 ]

@@ -31,6 +31,25 @@ class Role(str, Enum):
     ESTIMATOR = "estimator"
 
 
+class Cached(str, Enum):
+    """What a decider keeps per CFG branch and point in time, for the memory arithmetic (``Footprint.cached``)."""
+
+    BLOCK_STREAMS = "block_streams"      # one residual per skippable segment and stream, in the compute dtype
+    BLOCK_STREAMS_AND_BACK = "block_streams_and_back"  # the same, and the back blocks' as one more segment
+    MODEL_OUTPUTS = "model_outputs"      # model outputs, float32
+    NEGATIVE_BRANCH = "negative_branch"  # the Guidance Cache's own history of the negative branch, float32
+
+
+class Anchor(str, Enum):
+    """What a decider keeps to measure change against (``Footprint.anchor``)."""
+
+    PROBE_RESIDUAL = "probe_residual"    # the probe block's image-stream residual
+    PROBE_POINTS = "probe_points"        # as many of those as the estimator keeps points (a verified probe)
+    MODULATED_INPUT = "modulated_input"  # block 0's modulated input; for Wan its timestep embedding e0
+    MODEL_ANCHORS = "model_anchors"      # three latent-sized float32 tensors: input and output anchors, last input
+    MODEL_INPUT = "model_input"          # one latent-sized float32 tensor: the input at the last computed step
+
+
 class InterceptorError(ValueError):
     """A configuration that cannot work. The message names the node, the input and what to change."""
 

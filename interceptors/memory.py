@@ -26,27 +26,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from .kinds import Anchor, Cached
+
 FLOAT32 = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class Footprint:
-    """What a decider keeps between steps, per CFG branch.
+    """What a decider keeps between steps, per CFG branch: ``cached`` per point in time, ``anchor`` to measure
+    change against (None: only numbers); see :class:`~.kinds.Cached` and :class:`~.kinds.Anchor`."""
 
-    ``cached``: ``"block_streams"`` (one residual per skippable segment and stream, in the compute dtype;
-    ``"block_streams_and_back"``: the back blocks too, as one more segment),
-    ``"model_outputs"`` (model outputs, float32) or ``"negative_branch"`` (the Guidance Cache's history: ``points``
-    latent-sized float32 tensors for the negative branch alone, whatever the chain's estimator). ``anchor``: what
-    the decider keeps to measure change against: ``"probe_residual"`` (the probe block's image-stream residual),
-    ``"probe_points"`` (as many of those as the estimator keeps points: a verified probe forecasts its own),
-    ``"modulated_input"`` (block 0's modulated input; for Wan its timestep embedding e0), ``"model_anchors"``
-    (three latent-sized float32 tensors: input and output anchors and the last input), ``"model_input"`` (one:
-    the input at the last computed step) or None (only numbers).
-    """
-
-    cached: str
-    anchor: str | None = None
-    points: int | None = None  # for "negative_branch": how many tensors the history keeps
+    cached: Cached
+    anchor: Anchor | None = None
+    points: int | None = None  # for Cached.NEGATIVE_BRANCH: how many tensors the history keeps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,22 +82,24 @@ class StreamShape:
 
     def anchor(self, footprint: Footprint, points: int = 1) -> int:
         """Bytes of one branch's anchor of a decider with ``footprint`` (``points``: the estimator's)."""
-        if footprint.anchor == "probe_residual":
+        # compared by value (==), not identity: the pack may be imported twice (tools beside ComfyUI's copy)
+        if footprint.anchor == Anchor.PROBE_RESIDUAL:
             return self.image_stream
-        if footprint.anchor == "probe_points":
+        if footprint.anchor == Anchor.PROBE_POINTS:
             return points * self.image_stream
-        if footprint.anchor == "model_input":
+        if footprint.anchor == Anchor.MODEL_INPUT:
             return self.latent_elements * FLOAT32
-        if footprint.anchor == "modulated_input":
+        if footprint.anchor == Anchor.MODULATED_INPUT:
             return 6 * self.hidden * self.stream_bytes if self.family == "wan" else self.image_stream
-        if footprint.anchor == "model_anchors":
+        if footprint.anchor == Anchor.MODEL_ANCHORS:
             return 3 * self.latent_elements * FLOAT32
         return 0
 
     def cached(self, footprint: Footprint, points: int) -> int:
         """Bytes of one branch's cached quantities, ``points`` of each."""
-        per_point = {"block_streams": self.segment_streams, "block_streams_and_back": self.segment_streams
-                     + self.back_streams}.get(footprint.cached, self.latent_elements * FLOAT32)
+        per_point = {Cached.BLOCK_STREAMS: self.segment_streams,
+                     Cached.BLOCK_STREAMS_AND_BACK: self.segment_streams + self.back_streams,
+                     }.get(footprint.cached, self.latent_elements * FLOAT32)
         return points * per_point
 
 
@@ -127,7 +121,7 @@ def cache_memory(shape: StreamShape, method, order: int | None = None, cache_on_
     footprint = method.footprint
     if footprint is None:
         raise ValueError(f"{method.display_name} declares no cache footprint")
-    if footprint.cached == "negative_branch":  # its own history, of the negative branch only
+    if footprint.cached == Cached.NEGATIVE_BRANCH:  # its own history, of the negative branch only
         held = footprint.points * shape.latent_elements * FLOAT32 if shape.branches > 1 else 0
         return CacheMemory(0, held) if cache_on_cpu else CacheMemory(held, 0)
     if points is None:

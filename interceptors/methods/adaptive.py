@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import Decider
-from ..kinds import Granularity, Signal, check_range
+from ..kinds import Anchor, Cached, Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
 from ..spec import (Example, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input, percent_inputs,
@@ -29,7 +29,7 @@ class AdaptiveCache(Decider):
         kind="adaptive",
         display_name="Adaptive Cache",
         metric_name="accumulated predicted change",
-        footprint=Footprint("model_outputs", anchor="model_anchors"),
+        footprint=Footprint(Cached.MODEL_OUTPUTS, anchor=Anchor.MODEL_ANCHORS),
         granularity=Granularity.MODEL,
         signal=Signal.MODEL_INPUT,
     )

@@ -16,7 +16,7 @@ import torch
 
 from ..base import Decider
 from ..cards import ModelCard
-from ..kinds import Granularity, InterceptorError, Signal, check_range
+from ..kinds import Anchor, Cached, Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
 from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input,
@@ -38,7 +38,7 @@ class DBCache(Decider):
         kind="dbcache",
         display_name="DBCache",
         metric_name="residual change (relative L1)",
-        footprint=Footprint("block_streams", anchor="probe_residual"),
+        footprint=Footprint(Cached.BLOCK_STREAMS, anchor=Anchor.PROBE_RESIDUAL),
         granularity=Granularity.BLOCKS,
         signal=Signal.PROBE_RESIDUAL,
         counts_steps=True,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import Decider
-from ..kinds import Granularity, InterceptorError
+from ..kinds import Cached, Granularity, InterceptorError
 from ..records import Evaluation
 from ..run import Run
 from ..memory import Footprint
@@ -30,7 +30,7 @@ class FixedCadence(Decider):
         kind="fixed_cadence",
         display_name="Fixed Cadence",
         metric_name="evaluations since last compute",
-        footprint=Footprint("model_outputs"),
+        footprint=Footprint(Cached.MODEL_OUTPUTS),
         granularity=Granularity.MODEL,
     )
 

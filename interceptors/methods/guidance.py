@@ -41,7 +41,7 @@ import dataclasses
 import torch
 
 from ..base import GuidanceDecider
-from ..kinds import InterceptorError, check_range
+from ..kinds import Cached, InterceptorError, check_range
 from ..memory import Footprint
 from ..records import Evaluation
 from ..run import Run
@@ -116,7 +116,7 @@ class GuidanceCache(GuidanceDecider):
     @property
     def footprint(self) -> Footprint:
         """Its history (interceptors/memory.py): the forecast's points, and the last difference in adaptive mode."""
-        return Footprint("negative_branch", points=self._forecaster.order + 1 + (self.mode == "adaptive"))
+        return Footprint(Cached.NEGATIVE_BRANCH, points=self._forecaster.order + 1 + (self.mode == "adaptive"))
 
     @property
     def never_skips(self) -> bool:

@@ -16,7 +16,7 @@ import dataclasses
 
 from ..base import Decider, RecordingDecider
 from ..cards import ModelCard
-from ..kinds import Granularity, InterceptorError, check_range
+from ..kinds import Cached, Granularity, InterceptorError, check_range
 from ..memory import Footprint
 from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs, threshold_input
 
@@ -76,7 +76,7 @@ class MagCache(Decider):
         kind="magcache",
         display_name="MagCache",
         metric_name="accumulated error",
-        footprint=Footprint("block_streams"),
+        footprint=Footprint(Cached.BLOCK_STREAMS),
         granularity=Granularity.BLOCKS,
         counts_steps=True,
     )

@@ -13,7 +13,7 @@ import dataclasses
 
 from ..base import Decider
 from ..cards import ModelCard
-from ..kinds import Granularity, InterceptorError, Signal, check_range
+from ..kinds import Anchor, Cached, Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
 from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs, threshold_input
@@ -47,7 +47,7 @@ class TeaCache(Decider):
         kind="teacache",
         display_name="TeaCache",
         metric_name="accumulated rescaled change",
-        footprint=Footprint("block_streams", anchor="modulated_input"),
+        footprint=Footprint(Cached.BLOCK_STREAMS, anchor=Anchor.MODULATED_INPUT),
         granularity=Granularity.BLOCKS,
         signal=Signal.MODULATED_INPUT,
     )

@@ -42,7 +42,7 @@ import torch
 
 from ..base import Decider
 from .dbcache import check_probe
-from ..kinds import Granularity, Signal, check_range
+from ..kinds import Anchor, Cached, Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
 from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input,
@@ -64,7 +64,7 @@ def _sums_measure(terms: list[torch.Tensor], group) -> Measure:
 class VerifiedBlockCache(Decider):
     declaration = Decider.declaration.but(
         kind="verified_blocks",
-        footprint=Footprint("block_streams_and_back", anchor="probe_points"),
+        footprint=Footprint(Cached.BLOCK_STREAMS_AND_BACK, anchor=Anchor.PROBE_POINTS),
         display_name="Verified Block Cache",
         granularity=Granularity.BLOCKS,
         signal=Signal.PROBE_RESIDUAL,
@@ -204,7 +204,7 @@ class VerifiedBlockCache(Decider):
 class VerifiedForecast(Decider):
     declaration = Decider.declaration.but(
         kind="verified_forecast",
-        footprint=Footprint("model_outputs", anchor="model_input"),
+        footprint=Footprint(Cached.MODEL_OUTPUTS, anchor=Anchor.MODEL_INPUT),
         display_name="Verified Forecast",
         granularity=Granularity.MODEL,
         signal=Signal.MODEL_INPUT,
