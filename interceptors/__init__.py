@@ -4,7 +4,7 @@ each, re-exported here).
 Plain torch only; nothing here imports ComfyUI, so every piece can be tested on its own.
 """
 from .methods.adaptive import AdaptiveCache
-from .base import Decider, Estimator, GuidanceDecider, Interceptor, Observer
+from .base import Declaration, Decider, Estimator, GuidanceDecider, Interceptor, Observer
 from .cards import DiffusionFacts, ModelCard, build_card
 from .chain import InterceptorChain
 from .methods.dbcache import DBCache, FirstBlockCache
@@ -27,7 +27,7 @@ from .methods.teacache import TeaCache
 from .methods.verified import VerifiedBlockCache, VerifiedForecast
 
 __all__ = [
-    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal", "Anchor", "Cached",
+    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal", "Anchor", "Cached", "Declaration",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "Run", "POSITIVE", "NEGATIVE", "RunSummary", "build_card", "DiffusionFacts", "schedule_of", "summarize",
 ]
