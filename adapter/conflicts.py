@@ -78,6 +78,7 @@ def conflicts_of(chain: InterceptorChain, model_options: dict, wrappers: dict, b
 
 # What ComfyUI's native multi-GPU path puts into the options (comfy/samplers.py, _calc_cond_batch_multigpu).
 MULTIGPU_CLONES_KEY = "multigpu_clones"           # model_options: device -> the model clone that runs there
+MULTIGPU_POOL_KEY = "multigpu_thread_pool"        # model_options: the threads, one per device (else the caller's)
 MULTIGPU_DEVICE_KEY = "multigpu_thread_device"    # transformer_options of a forward run by a device's thread
 
 
@@ -116,12 +117,15 @@ def share_decisions(run: LoopState, model_options: dict) -> None:
     run.decided_ahead = True
 
 
-def multigpu_threads(conds: list, x_in, timestep, model_options: dict) -> int | None:
+def multigpu_threads(conds: list, timestep, model_options: dict) -> int | None:
     """How many devices' threads ComfyUI's ``_calc_cond_batch_multigpu`` runs for ``conds``: its scheduler fills
     the devices in order, ``ceil(entries / devices)`` conditioning entries each, so ``entries`` fill
     ``ceil(entries / per_device)`` of them. An entry whose timestep range excludes this step runs nowhere, as
-    there. None where it cannot be told here: default conds (ComfyUI adds them to the hooked ones itself)."""
+    there. None where it cannot be told here: default conds (ComfyUI adds them to the hooked ones itself), or no
+    thread pool (the devices' work then runs one after another on the calling thread)."""
     devices = len(model_options.get(MULTIGPU_CLONES_KEY) or ())
+    if model_options.get(MULTIGPU_POOL_KEY) is None:
+        return None
     entries = 0
     sigma = timestep.reshape(-1)[0]
     for entry in (e for cond in conds if cond is not None for e in cond):
@@ -137,11 +141,11 @@ def multigpu_threads(conds: list, x_in, timestep, model_options: dict) -> int | 
     return math.ceil(entries / max(1, math.ceil(entries / devices)))
 
 
-def expect_threads(run: LoopState, conds: list, x_in, timestep, model_options: dict) -> None:
+def expect_threads(run: LoopState, conds: list, timestep, model_options: dict) -> None:
     """Tell the run's device threads how many of them the current evaluation's conds batching starts (called on
     the sampler's thread, before it starts them)."""
     if run.threads is not None and run.evaluation is not None and native_multigpu(model_options):
-        run.threads.expect(run.evaluation.index, multigpu_threads(conds, x_in, timestep, model_options))
+        run.threads.expect(run.evaluation.index, multigpu_threads(conds, timestep, model_options))
 
 
 def compiler_recording() -> bool:

@@ -194,7 +194,7 @@ class Installation:
             return executor(model, conds, x_in, timestep, model_options)
 
         def batch(subset):
-            conflicts.expect_threads(run, subset, x_in, timestep, model_options)
+            conflicts.expect_threads(run, subset, timestep, model_options)
             return executor(model, subset, x_in, timestep, model_options)
         if run.guidance_decider is None:
             return batch(conds)

@@ -306,3 +306,30 @@ def test_the_gathered_check_fails_where_each_thread_decides_on_its_own_rows(mult
     monkeypatch.setattr(multigpu.module("adapter.conflicts"), "multigpu_threads", lambda *args: 1)
     problems = _problems(multigpu, caplog, CHAINS[name], "sampler", shared=True)
     assert any(p.startswith("metrics") for p in problems), problems
+
+
+def _two_positive_entries(prompt):
+    """The positive made of two conditioning entries (ConditioningCombine): three entries a step, which ComfyUI's
+    scheduler puts two on one device and one on the other."""
+    prompt["cond2"] = {"class_type": "TestTinyConditioning", "inputs": {"family": FAMILY, "seed": 2, "length": 4}}
+    prompt["combined"] = {"class_type": "ConditioningCombine",
+                          "inputs": {"conditioning_1": ["cond", 0], "conditioning_2": ["cond2", 0]}}
+    prompt["sampler"]["inputs"]["positive"] = ["combined", 0]
+    return prompt
+
+
+@pytest.mark.parametrize("name", ["dbcache", "teacache"])
+def test_uneven_rows_per_device_gather_into_the_one_device_decisions(multigpu, caplog, name):
+    """Three conditioning entries on two devices (two rows on one, one on the other): the pack counts the threads
+    the way ComfyUI schedules them (a miscount would wait and switch off with a note), and the decisions are taken
+    on the measure of all three rows, as on one device."""
+    _, ref_work, _, _ = _sample(multigpu, _two_positive_entries(_prompt()), caplog)
+    assert sorted((d, len(b)) for d, _, b in ref_work["forwards"]) == [("cpu", 2)] * STEPS + [("cpu:0", 1)] * STEPS
+    cached, work, notes, shown = _sample(multigpu, _two_positive_entries(_prompt(CHAINS[name])), caplog)
+    single, single_work, _, _ = _sample(multigpu, _two_positive_entries(_prompt(CHAINS[name], multi=False)), caplog)
+    assert not notes and not shown
+    assert work["decisions"] == single_work["decisions"] and "s" in work["decisions"][0]
+    assert [i for i, _ in work["metrics"]] == [i for i, _ in single_work["metrics"]] and all(
+        math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6) for (_, a), (_, b) in zip(work["metrics"], single_work["metrics"]))
+    assert sum(r for _, r in work["blocks"]) == sum(r for _, r in single_work["blocks"])
+    assert torch.allclose(cached, single, rtol=1e-4, atol=1e-4)
