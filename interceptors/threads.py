@@ -111,6 +111,7 @@ class DeviceThreads:
             return compute
         if not self._arrived.wait_for(lambda: meeting.done or run.off, timeout=self.wait_s):
             run.switch_off(timeout_note(decider, self.wait_s, len(meeting.parts), meeting.expected))
+            meeting.parts = []
             self._arrived.notify_all()
         return ev.decisions.get(decider.id, True) if meeting.done else True
 
@@ -129,6 +130,7 @@ class DeviceThreads:
         ev.decided_on[decider.id] = set(signals)
         ev.decisions[decider.id] = compute
         meeting.done = True
+        meeting.parts = []  # the threads' signals: kept by the decider where it needs them, not here
         return compute
 
 

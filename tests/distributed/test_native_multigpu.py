@@ -2,8 +2,10 @@
 run on several devices at once, each from a thread of ComfyUI's MultiGPUThreadPool with a model clone of its own,
 and every thread reaches the pack's wrappers and block replacements with the same run. Chains whose deciders
 decide from the schedule alone decide each evaluation on the sampler's thread before the devices' threads run,
-and the threads share the decision: the same decisions, work and output as on one device. A chain with a decider
-that measures what the model computes is switched off with a note, and the output is the uncached multi-GPU run's.
+and the threads share the decision; DBCache, First Block Cache and TeaCache are decided by the threads together,
+on the sums of all their rows: the same decisions, work and output as on one device. A chain with another decider
+that measures what the model computes is switched off with a note, and the output is the uncached multi-GPU run's;
+so is a run whose threads cannot all meet.
 
 A CPU has one device, so the tests give ComfyUI a second one: ``get_all_torch_devices`` answers ``cpu`` and
 ``cpu:0``, distinct devices to ComfyUI (dictionary keys, load devices), on which torch computes alike. Everything
@@ -329,7 +331,8 @@ def test_uneven_rows_per_device_gather_into_the_one_device_decisions(multigpu, c
     single, single_work, _, _ = _sample(multigpu, _two_positive_entries(_prompt(CHAINS[name], multi=False)), caplog)
     assert not notes and not shown
     assert work["decisions"] == single_work["decisions"] and "s" in work["decisions"][0]
+    pairs = list(zip(work["metrics"], single_work["metrics"]))
     assert [i for i, _ in work["metrics"]] == [i for i, _ in single_work["metrics"]] and all(
-        math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6) for (_, a), (_, b) in zip(work["metrics"], single_work["metrics"]))
+        math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6) for (_, a), (_, b) in pairs)
     assert sum(r for _, r in work["blocks"]) == sum(r for _, r in single_work["blocks"])
     assert torch.allclose(cached, single, rtol=1e-4, atol=1e-4)
