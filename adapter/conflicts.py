@@ -3,12 +3,14 @@ options: other caches, a compiled model, the native multi-GPU path, a sampler th
 with its own conds layout, other patches holding the pack's block slots."""
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
 import comfy.samplers
 
 from ..interceptors import Granularity, InterceptorChain, LoopState, Signal
+from ..interceptors.threads import gathers
 from .keys import STATE_KEY
 
 
@@ -76,6 +78,7 @@ def conflicts_of(chain: InterceptorChain, model_options: dict, wrappers: dict, b
 
 # What ComfyUI's native multi-GPU path puts into the options (comfy/samplers.py, _calc_cond_batch_multigpu).
 MULTIGPU_CLONES_KEY = "multigpu_clones"           # model_options: device -> the model clone that runs there
+MULTIGPU_POOL_KEY = "multigpu_thread_pool"        # model_options: the threads, one per device (else the caller's)
 MULTIGPU_DEVICE_KEY = "multigpu_thread_device"    # transformer_options of a forward run by a device's thread
 
 
@@ -89,24 +92,60 @@ def multigpu_note(model_options: dict, deciders=()) -> str:
     devices = model_options.get(MULTIGPU_CLONES_KEY) or {}
     where = f" ({', '.join(str(d) for d in devices)})" if devices else ""
     count = len(devices) or "several"
-    why = (f": {', '.join(d.label for d in deciders)} decide{'s' if len(deciders) == 1 else ''} from what the model "
-           f"computes in each call, and the devices' calls run at once, each with one branch" if deciders else "")
+    why = (f": {', '.join(d.label for d in deciders)} measure{'s' if len(deciders) == 1 else ''} what the model "
+           f"computes in a way the devices' threads cannot add up" if deciders else "")
     return (f"ComfyUI's native multi-GPU (MultiGPU CFG Split) ran this run's conditionings on {count} devices{where}"
             f" at once, one thread each{why}: caching was switched off for the run, every step was "
-            f"computed in full and the output is plain sampling's. Methods that decide from the schedule (Fixed "
-            f"Cadence, MagCache, Auto Calibrate, the Guidance Cache) cache there; or sample on one device.")
+            f"computed in full and the output is plain sampling's. Fixed Cadence, MagCache, Auto Calibrate, the "
+            f"Guidance Cache, DBCache, First Block Cache and TeaCache cache there; or sample on one device.")
 
 
 def share_decisions(run: LoopState, model_options: dict) -> None:
-    """Under the native multi-GPU path, the devices' threads run the branches of an evaluation at once. Deciders
-    that decide from the schedule alone decide each evaluation before them, on the sampler's thread, and the
-    threads share the decision (as the branches of one batched forward do); a decider that measures what the
-    model computes would decide on one device's branch, whichever came first: the run is switched off then."""
+    """Under the native multi-GPU path, the devices' threads run the branches of an evaluation at once, and share
+    each decision, as the branches of one batched forward do. Deciders that decide from the schedule alone decide
+    each evaluation before them, on the sampler's thread; those whose measure adds up over rows (DBCache, First
+    Block Cache, TeaCache) are decided by the threads together, each measuring its rows (``threads.gathers``,
+    counted by :func:`expect_threads`); any other measuring decider would decide on one device's branch,
+    whichever came first: the run is switched off then."""
     measuring = [d for d in run.chain.deciders if d.signal not in (Signal.NONE, Signal.GUIDANCE)]
+    apart = [d for d in measuring if not gathers(d)]
+    if apart:
+        run.switch_off(multigpu_note(model_options, apart))
+        return
     if measuring:
-        run.switch_off(multigpu_note(model_options, measuring))
-    else:
-        run.decided_ahead = True
+        run.gather_device_threads()
+    run.decided_ahead = True
+
+
+def multigpu_threads(conds: list, timestep, model_options: dict) -> int | None:
+    """How many devices' threads ComfyUI's ``_calc_cond_batch_multigpu`` runs for ``conds``: its scheduler fills
+    the devices in order, ``ceil(entries / devices)`` conditioning entries each, so ``entries`` fill
+    ``ceil(entries / per_device)`` of them. An entry whose timestep range excludes this step runs nowhere, as
+    there. None where it cannot be told here: default conds (ComfyUI adds them to the hooked ones itself), or no
+    thread pool (the devices' work then runs one after another on the calling thread)."""
+    devices = len(model_options.get(MULTIGPU_CLONES_KEY) or ())
+    if model_options.get(MULTIGPU_POOL_KEY) is None:
+        return None
+    entries = 0
+    sigma = timestep.reshape(-1)[0]
+    for entry in (e for cond in conds if cond is not None for e in cond):
+        if "default" in entry:
+            return None
+        # compared as ComfyUI compares them: the tensor with the bound, in the tensor's dtype
+        if ("timestep_start" in entry and bool(sigma > entry["timestep_start"])) or \
+                ("timestep_end" in entry and bool(sigma < entry["timestep_end"])):
+            continue
+        entries += 1
+    if devices == 0 or entries == 0:
+        return None if devices == 0 else 0
+    return math.ceil(entries / max(1, math.ceil(entries / devices)))
+
+
+def expect_threads(run: LoopState, conds: list, timestep, model_options: dict) -> None:
+    """Tell the run's device threads how many of them the current evaluation's conds batching starts (called on
+    the sampler's thread, before it starts them)."""
+    if run.threads is not None and run.evaluation is not None and native_multigpu(model_options):
+        run.threads.expect(run.evaluation.index, multigpu_threads(conds, timestep, model_options))
 
 
 def compiler_recording() -> bool:

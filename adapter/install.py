@@ -10,6 +10,7 @@ from comfy.patcher_extension import WrappersMP
 from ..interceptors import ChainError, Granularity, InterceptorChain, LoopState, NaNWatch, summarize
 from ..interceptors.distributed import RankGroup
 from ..interceptors.engine import BlockPlan, guided_batch, model_forward
+from ..interceptors.threads import gathers
 from . import compiled_blocks, conflicts
 from .blocks import adds_between_blocks, install_blocks, remove_blocks
 from .cards import model_card, signal_probe
@@ -79,7 +80,8 @@ class Installation:
             compiled_blocks.compile_blocks(patched, card)
         patched.model_options.setdefault("transformer_options", {})[CHAIN_KEY] = chain
         patched.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, self.outer_sample)
-        if self.guidance is not None:
+        if self.guidance is not None or any(gathers(d) for d in chain.deciders):
+            # the guidance level's work; a gathered decider's: count the devices' threads of native multi-GPU
             patched.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, WRAPPER_KEY, self.calc_cond_batch)
         patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, self.predict_noise)
         patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, self.apply_model)
@@ -183,15 +185,21 @@ class Installation:
             run.end_forward(forward, output)
 
     def calc_cond_batch(self, executor, model, conds, x_in, timestep, model_options):
-        """The guider's conds list of one evaluation (Guidance Cache only)."""
+        """The guider's conds list of one evaluation: the Guidance Cache's level, and where the devices' threads of
+        native multi-GPU gather a measure, how many of them the conds start."""
         run = model_options.get("transformer_options", {}).get(STATE_KEY)
         if run is not None and not run.off and not run.decided_ahead and conflicts.native_multigpu(model_options):
             conflicts.share_decisions(run, model_options)
         if run is None or run.off or conflicts.AR_STATE_KEY in model_options["transformer_options"]:
             return executor(model, conds, x_in, timestep, model_options)
+
+        def batch(subset):
+            conflicts.expect_threads(run, subset, timestep, model_options)
+            return executor(model, subset, x_in, timestep, model_options)
+        if run.guidance_decider is None:
+            return batch(conds)
         window = model_options["transformer_options"].get("context_window")
-        return guided_batch(run, conds, x_in, timestep,
-                            lambda subset: executor(model, subset, x_in, timestep, model_options),
+        return guided_batch(run, conds, x_in, timestep, batch,
                             window=tuple(window.index_list) if window is not None else None)
 
 

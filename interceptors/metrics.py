@@ -9,6 +9,10 @@ Under sequence parallelism (``group``, a :class:`~.distributed.RankGroup`) the s
 before the ratio is taken: every rank gets the value one process would have measured on the whole sequence. A
 measure issues exactly one reduction, when its value is first read, whatever this rank holds, so ranks that
 read the same measures stay in step.
+
+Under ComfyUI's native multi-GPU path the rows of one evaluation are measured on several devices' threads, one
+measure each; :func:`combined` adds their partial sums (``partial``) before the ratio (``ratio``), as the ranks'
+reduction does, so the value is the one a single measure over all rows would give.
 """
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ class Measure:
     terms: list[torch.Tensor]                       # 0-d sums, still on the device
     finish: Callable[[list[float]], float | None]   # the ratio, from the terms' values on the host
     host: list[float] | None = None                 # the terms' values, once transferred
+    # finish split in two, where the ratio is one of sums that add over rows (None: it cannot be split so):
+    # ``partial`` the sums of this holder's rows, ``ratio`` the value from the sums over every holder's rows
+    partial: Callable[[list[float]], list[float]] | None = None
+    ratio: Callable[[list[float]], float | None] | None = None
     _value: Any = dataclasses.field(default=_UNREAD, repr=False)
 
     def value(self) -> float | None:
@@ -35,6 +43,21 @@ class Measure:
         if self._value is _UNREAD:
             self._value = self.finish(self.host)
         return self._value
+
+
+def combined(parts: list[Measure]) -> Measure | None:
+    """One measure over the rows of every measure in ``parts`` (each transferred, each holding some of the rows,
+    all made by the same function): their partial sums added in the order given, then the ratio. None where a
+    part's ratio cannot be split into sums."""
+    if not parts or any(m.partial is None or m.host is None for m in parts):
+        return None
+    sums = None
+    for m in parts:
+        mine = m.partial(m.host)
+        sums = mine if sums is None else [a + b for a, b in zip(sums, mine)]
+    out = Measure([], parts[0].finish, host=[], partial=parts[0].partial, ratio=parts[0].ratio)
+    out._value = parts[0].ratio(sums)
+    return out
 
 
 def to_host(tensors: list[torch.Tensor]) -> list[list[float]]:
@@ -97,10 +120,13 @@ def relative_l1_of(current: dict, anchor: dict, group=None) -> Measure:
         value, ref = _local(group, value), _local(group, ref.to(value.device))
         terms += [(value - ref).abs_().sum(), ref.abs().sum()]  # abs_: the difference is ours
 
-    def finish(host):
-        num, den = _sums(group, sum(host[0::2], 0.0), sum(host[1::2], 0.0))
+    def partial(host):
+        return [sum(host[0::2], 0.0), sum(host[1::2], 0.0)]
+
+    def ratio(sums):
+        num, den = sums
         return None if den == 0.0 else num / den
-    return Measure(terms, finish)
+    return Measure(terms, lambda host: ratio(_sums(group, *partial(host))), partial=partial, ratio=ratio)
 
 
 def relative_l1(current: dict, anchor: dict, group=None) -> float | None:
@@ -126,9 +152,13 @@ def _mean_abs(tensors, group, empty, owned: bool = False) -> Measure:
     """mean|t| over ``tensors``; ``owned``: they are temporaries of the measure, so abs is taken in place."""
     count = float(sum(t.numel() for t in tensors))
 
-    def finish(host):
-        total, n = _sums(group, sum(host, 0), count)
+    def partial(host):
+        return [sum(host, 0), count]
+
+    def ratio(sums):
+        total, n = sums
         if n == 0:
             return empty
         return total / max(n, 1)
-    return Measure([(t.abs_() if owned else t.abs()).sum() for t in tensors], finish)
+    return Measure([(t.abs_() if owned else t.abs()).sum() for t in tensors],
+                   lambda host: ratio(_sums(group, *partial(host))), partial=partial, ratio=ratio)

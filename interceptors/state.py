@@ -22,6 +22,7 @@ from .kinds import Granularity, Signal
 from .lifecycle import Lifecycle
 from .metrics import Measure
 from .records import BranchKey, DecisionRecord, Evaluation, EvaluationRecord, Forward
+from .threads import DeviceThreads
 
 log = logging.getLogger("cached_sampler")
 
@@ -61,9 +62,11 @@ class LoopState:
         # device): each has its own current forward, and what they share changes under this lock.
         self._lock = threading.RLock()
         self._thread = threading.local()
-        # Every decision of an evaluation is made before its forwards (decide_ahead), which then only read it:
-        # set for runs whose forwards run on several devices' threads at once.
+        # Set for runs whose forwards run on several devices' threads at once, which share each decision: the
+        # schedule's are made before the forwards (decide_ahead), the measured ones by the threads together
+        # (``threads``, a :class:`~.threads.DeviceThreads`, where the chain has such a decider).
         self.decided_ahead = False
+        self.threads: DeviceThreads | None = None
         self.lifecycle = Lifecycle(self.sample_sigmas, first_step, schedule_steps)
         self.decisions = Decisions(chain, percent_to_sigma, group)
         self.caches = Caches(self.estimator, self.sample_sigmas, cache_device)
@@ -189,7 +192,14 @@ class LoopState:
         sigma and whatever else is due come over in one transfer. A decision to skip is only a wish: the engine
         skips where the cache allows and reports it with :meth:`skipped`."""
         with self._lock:
+            if self.threads is not None and decider.signal not in (Signal.NONE, Signal.GUIDANCE):
+                return self.threads.decide(self, decider, signals)
             return self.decisions.decide(self, decider, signals)
+
+    def gather_device_threads(self) -> None:
+        """The forwards of each evaluation run on several devices' threads at once: measured decisions are taken
+        by them together (:class:`~.threads.DeviceThreads`), told how many there are (``threads.expect``)."""
+        self.threads = DeviceThreads(self._lock)
 
     def decide_ahead(self) -> None:
         """Make the evaluation's decisions now, before its forwards, for deciders that decide from the schedule

@@ -2,8 +2,10 @@
 run on several devices at once, each from a thread of ComfyUI's MultiGPUThreadPool with a model clone of its own,
 and every thread reaches the pack's wrappers and block replacements with the same run. Chains whose deciders
 decide from the schedule alone decide each evaluation on the sampler's thread before the devices' threads run,
-and the threads share the decision: the same decisions, work and output as on one device. A chain with a decider
-that measures what the model computes is switched off with a note, and the output is the uncached multi-GPU run's.
+and the threads share the decision; DBCache, First Block Cache and TeaCache are decided by the threads together,
+on the sums of all their rows: the same decisions, work and output as on one device. A chain with another decider
+that measures what the model computes is switched off with a note, and the output is the uncached multi-GPU run's;
+so is a run whose threads cannot all meet.
 
 A CPU has one device, so the tests give ComfyUI a second one: ``get_all_torch_devices`` answers ``cpu`` and
 ``cpu:0``, distinct devices to ComfyUI (dictionary keys, load devices), on which torch computes alike. Everything
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
 
 import pytest
@@ -107,6 +110,15 @@ def multigpu(comfy, monkeypatch):
     monkeypatch.setattr(mm, "get_all_torch_devices", lambda exclude_current=False: list(devices))
     nodes.NODE_CLASS_MAPPINGS["TestReloadableTinyModel"] = ReloadableTinyModel
     nodes.NODE_CLASS_MAPPINGS["TestDeviceLog"] = DeviceLog
+    # the change metric each decision compared with its threshold, by evaluation: what the decisions were made on
+    decisions = comfy.module("interceptors.decisions").Decisions
+    report_metric = decisions.report_metric
+    metrics = CAPTURED["metrics"] = []
+
+    def reported(self, decider, ev, value, threshold):
+        metrics.append((ev.index, float(value)))
+        return report_metric(self, decider, ev, value, threshold)
+    monkeypatch.setattr(decisions, "report_metric", reported)
     return comfy
 
 
@@ -143,6 +155,7 @@ def _forget_dead_models():
 def _sample(comfy, prompt, caplog):
     _forget_dead_models()
     caplog.clear()
+    CAPTURED["metrics"].clear()
     with caplog.at_level(logging.WARNING, logger="cached_sampler"):
         _, ui = comfy.run(prompt)
     notes = [r.getMessage() for r in caplog.records if NOTE in r.getMessage()]
@@ -150,7 +163,7 @@ def _sample(comfy, prompt, caplog):
     shown = [n for run in runs for n in run["notes"]]
     log = CAPTURED["devices"]
     work = {"forwards": sorted(log["forwards"]), "blocks": sorted(log["blocks"]),
-            "decisions": [run["decisions"] for run in runs]}
+            "decisions": [run["decisions"] for run in runs], "metrics": sorted(CAPTURED["metrics"])}
     return CAPTURED["out"].clone(), work, notes, shown
 
 
@@ -158,16 +171,18 @@ def _without_threads(work):
     return {"forwards": sorted((d, b) for d, _, b in work["forwards"]), "blocks": work["blocks"]}
 
 
-def _shares(comfy, name) -> bool:
+def _scheduled(comfy, name) -> bool:
     """Whether every decider of ``name``'s chain decides from the schedule alone (or is the guidance level's)."""
     ic = comfy.module("interceptors")
     return all(d.signal in (ic.Signal.NONE, ic.Signal.GUIDANCE) for d in ic.InterceptorChain.of(
         methods.skipping(ic)[name]).deciders)
 
 
-SHARED = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "growing cadence + spectrum",
-          "magcache", "guidance cache",
-          "guidance cache + fixed cadence", "guidance agreement"]
+SCHEDULED = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "growing cadence + spectrum",
+             "magcache", "guidance cache", "guidance cache + fixed cadence", "guidance agreement"]
+# Deciders that measure what the model computes, each device's thread its rows, one decision from the sums of all
+GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache"]
+SHARED = SCHEDULED + GATHERED
 
 
 def _problems(comfy, caplog, chain, order, shared=False) -> list[str]:
@@ -195,6 +210,11 @@ def _problems(comfy, caplog, chain, order, shared=False) -> list[str]:
                             f" (the plain runs: {(reference - single_ref).abs().max():.3g})")
         if work["decisions"] != single_work["decisions"]:
             problems.append(f"decisions {work['decisions']}, on one device {single_work['decisions']}")
+        # the measures the decisions were made on: those of all rows (the devices' rows differ in the last bits)
+        if [i for i, _ in work["metrics"]] != [i for i, _ in single_work["metrics"]] or not all(
+                math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6)
+                for (_, a), (_, b) in zip(work["metrics"], single_work["metrics"])):
+            problems.append(f"metrics {work['metrics']}, on one device {single_work['metrics']}")
         rows = sum(r for _, r in work["blocks"]), sum(r for _, r in single_work["blocks"])
         if rows[0] != rows[1]:
             problems.append(f"the model ran {rows[0]} block rows, on one device {rows[1]}")
@@ -217,15 +237,15 @@ def _problems(comfy, caplog, chain, order, shared=False) -> list[str]:
 
 @pytest.mark.parametrize("order", ["sampler", "apply first"])
 @pytest.mark.parametrize("name", list(CHAINS))
-def test_caching_under_native_multigpu_shares_schedule_decisions_and_switches_the_others_off(multigpu, caplog, name,
-                                                                                            order):
+def test_caching_under_native_multigpu_shares_decisions_and_switches_the_others_off(multigpu, caplog, name, order):
     """Every method of the shared list, on the Cached Sampler after MultiGPU CFG Split and on Apply Interceptors
-    before it (so ComfyUI's deep clones carry the pack's wrappers). Schedule-decided chains cache: the model runs
-    what it runs on one device, and the output is the one-device run's (as far as the devices themselves differ).
-    The others: every forward and block of the uncached multi-GPU run, the latent bit-identical, said once."""
-    shared = _shares(multigpu, name)
-    assert shared == (name in SHARED), name
-    assert _problems(multigpu, caplog, CHAINS[name], order, shared=shared) == []
+    before it (so ComfyUI's deep clones carry the pack's wrappers). Schedule-decided chains, and those whose measure
+    the devices' threads gather (DBCache, First Block Cache, TeaCache), cache: the decisions are taken on the
+    measures of the one-device run, the model runs what it runs on one device, and the output is the one-device
+    run's (as far as the devices themselves differ). The others: every forward and block of the uncached multi-GPU
+    run, the latent bit-identical, said once."""
+    assert _scheduled(multigpu, name) == (name in SCHEDULED), name
+    assert _problems(multigpu, caplog, CHAINS[name], order, shared=name in SHARED) == []
 
 
 @pytest.mark.parametrize("name", SHARED)
@@ -262,3 +282,57 @@ def test_the_check_fails_when_the_decisions_are_not_shared(multigpu, caplog, mon
     monkeypatch.setattr(multigpu.module("adapter.conflicts"), "share_decisions", lambda run, model_options: None)
     problems = _problems(multigpu, caplog, _fixed_cadence, "sampler", shared=True)
     assert any("notes" in p for p in problems) and any("nothing was skipped" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("miscount", ["one thread too many", "unknown"])
+@pytest.mark.parametrize("name", GATHERED)
+def test_a_device_thread_missing_from_the_gathering_computes_in_full_with_a_note(multigpu, caplog, monkeypatch,
+                                                                                 name, miscount):
+    """No hang where the devices' threads of a step cannot all meet: told one thread more than ComfyUI starts (the
+    one missing never comes), the threads wait their bound, then the run is switched off at its first measured
+    decision, before anything was skipped; told nothing (a count that cannot be known), it is switched off there
+    at once. Either way every forward and block of the uncached multi-GPU run, the latent bit-identical, said once."""
+    conflicts = multigpu.module("adapter.conflicts")
+    counted = conflicts.multigpu_threads
+    monkeypatch.setenv("CACHED_SAMPLER_THREAD_WAIT", "0.5")
+    monkeypatch.setattr(conflicts, "multigpu_threads", (lambda *args: counted(*args) + 1) if miscount != "unknown"
+                        else (lambda *args: None))
+    assert _problems(multigpu, caplog, CHAINS[name], "sampler") == []
+
+
+@pytest.mark.parametrize("name", GATHERED)
+def test_the_gathered_check_fails_where_each_thread_decides_on_its_own_rows(multigpu, caplog, monkeypatch, name):
+    """The shared check can fail for the measuring deciders too: told that every step runs on one device's thread,
+    each thread decides from its own branch, whichever comes first (the other follows it), and the measures
+    the decisions were made on differ from the one-device run's."""
+    monkeypatch.setattr(multigpu.module("adapter.conflicts"), "multigpu_threads", lambda *args: 1)
+    problems = _problems(multigpu, caplog, CHAINS[name], "sampler", shared=True)
+    assert any(p.startswith("metrics") for p in problems), problems
+
+
+def _two_positive_entries(prompt):
+    """The positive made of two conditioning entries (ConditioningCombine): three entries a step, which ComfyUI's
+    scheduler puts two on one device and one on the other."""
+    prompt["cond2"] = {"class_type": "TestTinyConditioning", "inputs": {"family": FAMILY, "seed": 2, "length": 4}}
+    prompt["combined"] = {"class_type": "ConditioningCombine",
+                          "inputs": {"conditioning_1": ["cond", 0], "conditioning_2": ["cond2", 0]}}
+    prompt["sampler"]["inputs"]["positive"] = ["combined", 0]
+    return prompt
+
+
+@pytest.mark.parametrize("name", ["dbcache", "teacache"])
+def test_uneven_rows_per_device_gather_into_the_one_device_decisions(multigpu, caplog, name):
+    """Three conditioning entries on two devices (two rows on one, one on the other): the pack counts the threads
+    the way ComfyUI schedules them (a miscount would wait and switch off with a note), and the decisions are taken
+    on the measure of all three rows, as on one device."""
+    _, ref_work, _, _ = _sample(multigpu, _two_positive_entries(_prompt()), caplog)
+    assert sorted((d, len(b)) for d, _, b in ref_work["forwards"]) == [("cpu", 2)] * STEPS + [("cpu:0", 1)] * STEPS
+    cached, work, notes, shown = _sample(multigpu, _two_positive_entries(_prompt(CHAINS[name])), caplog)
+    single, single_work, _, _ = _sample(multigpu, _two_positive_entries(_prompt(CHAINS[name], multi=False)), caplog)
+    assert not notes and not shown
+    assert work["decisions"] == single_work["decisions"] and "s" in work["decisions"][0]
+    pairs = list(zip(work["metrics"], single_work["metrics"]))
+    assert [i for i, _ in work["metrics"]] == [i for i, _ in single_work["metrics"]] and all(
+        math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6) for (_, a), (_, b) in pairs)
+    assert sum(r for _, r in work["blocks"]) == sum(r for _, r in single_work["blocks"])
+    assert torch.allclose(cached, single, rtol=1e-4, atol=1e-4)
