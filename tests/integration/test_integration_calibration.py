@@ -3,8 +3,8 @@ import math
 
 import torch
 
-import graphs
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 
 def _digits_prompt(steps=12):

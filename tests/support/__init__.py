@@ -1,0 +1,1 @@
+"""Helpers of the tests (tiny models, their nodes and graphs, the method list), also used by the bench and the studies: `cached_sampler_dev.support` once the developer wing is installed (tools/pyproject.toml)."""
