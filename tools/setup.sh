@@ -77,7 +77,7 @@ quiet "pytest>=8" "scikit-learn>=1.3" "$PIN"
 # The developer wing: tools/ as one package, cached_sampler_dev, installed in development mode (an editable install
 # reads the working tree), so the tests import it and its entry points run as modules from any folder.
 echo "setup: installing the developer wing (tools/) in development mode, as the package cached_sampler_dev"
-quiet --no-deps -e "$HERE"
+quiet -e "$HERE" "$PIN"
 
 COMFY=${COMFYUI_PATH:-}
 if [ -z "$COMFY" ] && [ "$(basename "$(dirname "$(dirname "$HERE")")")" = custom_nodes ]; then
