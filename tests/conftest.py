@@ -11,8 +11,8 @@ try:
 except ModuleNotFoundError as e:  # the developer wing (tools/) is not installed in this Python
     if e.name != "cached_sampler_dev":
         raise
-    raise pytest.UsageError("the tests import the developer wing, the package cached_sampler_dev: run "
-                            "'bash tools/setup.sh' (or 'python3 -m pip install -e tools') with this Python first") from None
+    raise pytest.UsageError("the tests import the developer wing, the package cached_sampler_dev: run 'bash "
+                            "tools/setup.sh' (or 'python3 -m pip install -e tools') with this Python first") from None
 
 _COMFY = None
 

@@ -7,7 +7,7 @@ row with the best hand-tuned setting of any other method (every swept setting of
 bench/results.json) and with fewer steps, at the same floor: the work reduction each saves while its output
 stays at or above the target. Writes bench/autocalibrate/comparison.md.
 
-    python3 -m cached_sampler_dev.bench.bench_autocalibrate                 # 28 steps, targets 30, 35, 40, 45 dB (about 5 min on 2 cores)
+    python3 -m cached_sampler_dev.bench.bench_autocalibrate   # 28 steps, targets 30, 35, 40, 45 dB (about 5 min on 2 cores)
     python3 -m cached_sampler_dev.bench.bench_autocalibrate --steps 28,50
 """
 from __future__ import annotations

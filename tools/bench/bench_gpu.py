@@ -1,6 +1,6 @@
 """GPU bench: the pack's overhead, wall speedup and memory on real-size models, with random weights.
 
-    python3 -m cached_sampler_dev.bench.bench_gpu                          # on CUDA: FLUX.1-dev and Wan 2.1 14B dimensions
+    python3 -m cached_sampler_dev.bench.bench_gpu                       # on CUDA: FLUX.1-dev and Wan 2.1 14B dimensions
     python3 -m cached_sampler_dev.bench.bench_gpu --models flux --steps 8  # one model, fewer steps
     python3 -m cached_sampler_dev.bench.bench_gpu --device cpu --size tiny # what CI runs: the same code at toy sizes
 

@@ -2,7 +2,7 @@
 that shows whole-model caching on it.
 
     python3 -m cached_sampler_dev.generate.families_table            # ComfyUI at COMFYUI_PATH or ~/ComfyUI
-    python3 -m cached_sampler_dev.generate.families_table --check    # exit 1 when docs/families.md differs from what it would write
+    python3 -m cached_sampler_dev.generate.families_table --check  # exit 1 when docs/families.md differs from what it would write
 
 Each config that tests/support/tiny_configs.py can build is built tiny through ComfyUI's real classes and carded by the
 pack's own ``adapter.model_card`` (the card rule of interceptors/cards.py, FAMILIES entries included), so the

@@ -7,7 +7,7 @@ a Cached Sampler at the calibration seed and at held-out seeds, and its decoded 
 the uncached ones. Prints a markdown report: work saved, the image PSNR each plan really gives, the gap
 between latent and image PSNR, the seed-to-seed spread, and what the decodes cost.
 
-    python3 -m cached_sampler_dev.studies.calibration_spaces                      # 28 steps, targets 35 and 40 dB (about 20 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.calibration_spaces   # 28 steps, targets 35 and 40 dB (about 20 min on 2 cores)
     python3 -m cached_sampler_dev.studies.calibration_spaces --steps 12 --targets 35 --eval-seeds 2   # a quick check
 """
 from __future__ import annotations

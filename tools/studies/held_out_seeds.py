@@ -18,11 +18,11 @@ model, a tiny Wan 2.1, all eight classes; euler / simple, cfg 3, 28 steps):
 For each held-out seed it also reports the *oracle*: the best hand-tuned setting chosen at that very seed, the
 bench's comparison. Prints a markdown report.
 
-    python3 -m cached_sampler_dev.studies.held_out_seeds                      # targets 35, 40, 45 dB, 8 held-out seeds (about 25 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.held_out_seeds   # targets 35, 40, 45 dB, 8 held-out seeds (about 25 min on 2 cores)
     python3 -m cached_sampler_dev.studies.held_out_seeds --targets 35 --held-out 2 --confirm-seeds 1
-    python3 -m cached_sampler_dev.studies.held_out_seeds --targets 45 --margin 2.5 --confirm-seeds 1   # the 47.5 dB plan at 45 dB
-    python3 -m cached_sampler_dev.studies.held_out_seeds --model video        # the video model (about 80 min on 2 cores)
-    python3 -m cached_sampler_dev.studies.held_out_seeds --model video --auto-only --confirm-seeds 3   # Auto Calibrate's rows only
+    python3 -m cached_sampler_dev.studies.held_out_seeds --targets 45 --margin 2.5 --confirm-seeds 1  # the 47.5 dB plan at 45 dB
+    python3 -m cached_sampler_dev.studies.held_out_seeds --model video       # the video model (about 80 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.held_out_seeds --model video --auto-only --confirm-seeds 3  # Auto Calibrate's rows only
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ into the estimator and the accounting of the held cache, each in CPU millisecond
 overhead of the same round (a method run against the uncached run that follows it). Each timed function is
 wrapped for the measurement only; the block time comes from the bench's own counters, which time every block.
 
-    python3 -m cached_sampler_dev.studies.hook_costs                        # First Block Cache, 4 rounds (about 1 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.hook_costs              # First Block Cache, 4 rounds (about 1 min on 2 cores)
     python3 -m cached_sampler_dev.studies.hook_costs --method fixed_cadence --rounds 6
 
 Prints a markdown table.

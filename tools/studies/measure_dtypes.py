@@ -1,6 +1,6 @@
 """Measure in which dtype caches and forecasts should be kept, on the trained digits model in bf16 and fp16.
 
-    python3 -m cached_sampler_dev.studies.measure_dtypes            # about 3 minutes on one CPU thread; writes bench/dtypes.md
+    python3 -m cached_sampler_dev.studies.measure_dtypes     # about 3 minutes on one CPU thread; writes bench/dtypes.md
 
 The digits model is built through ComfyUI's classes computing in bfloat16 / float16 (what ComfyUI does on a
 GPU that supports them), all ten digits in one batch, 28 steps, euler, cfg 3, seed 0. Block-level methods
