@@ -372,15 +372,16 @@ def test_converter_refuses_unknown_nodes_and_short_widget_lists():
 
 
 def test_workflow_api_command_line(comfy, tmp_path):
-    """``workflow_api.py --help`` answers, and the command turns a saved workflow into its prompt."""
+    """``python3 -m cached_sampler_dev.devkit.workflow_api --help`` answers, from any folder, and the command turns
+    a saved workflow into its prompt."""
     import subprocess
-    script = ROOT / "tools" / "devkit" / "workflow_api.py"
-    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-m", "cached_sampler_dev.devkit.workflow_api"]
+    shown = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert shown.returncode == 0 and "object_info" in shown.stdout
     defs = tmp_path / "object_info.json"
     defs.write_text(json.dumps(workflow_api.object_info()))
-    made = subprocess.run([sys.executable, str(script), str(EXAMPLES / f"{RUNNABLE}.json"), str(defs)],
-                          capture_output=True, text=True, timeout=60)
+    made = subprocess.run([*command, str(EXAMPLES / f"{RUNNABLE}.json"), str(defs)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     prompt = json.loads(made.stdout)
     assert any(node["class_type"] == "CachedSampler" for node in prompt.values())
