@@ -6,7 +6,13 @@ import torch
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
-from devkit.comfy_harness import Comfy, comfyui_version, find_comfyui, find_gguf_nodes  # noqa: E402
+try:
+    from cached_sampler_dev.devkit.comfy_harness import Comfy, comfyui_version, find_comfyui, find_gguf_nodes
+except ModuleNotFoundError as e:  # the developer wing (tools/) is not installed in this Python
+    if e.name != "cached_sampler_dev":
+        raise
+    raise pytest.UsageError("the tests import the developer wing, the package cached_sampler_dev: run 'bash "
+                            "tools/setup.sh' (or 'python3 -m pip install -e tools') with this Python first") from None
 
 _COMFY = None
 

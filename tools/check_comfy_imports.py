@@ -3,7 +3,7 @@
 ComfyUI imports modules that its requirements.txt does not list (``requests``, from
 app/frontend_management.py), so a list kept by hand drifts; importing it is the check that cannot.
 
-    python3 tools/check_comfy_imports.py COMFYUI_PATH
+    python3 -m cached_sampler_dev.check_comfy_imports COMFYUI_PATH
 
 Prints ``missing: MODULE`` and exits 1 when ComfyUI's server, executor or nodes cannot be imported for want
 of a module (one at a time: install it and run again); exits 0 when they import. ComfyUI's own server is
@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from devkit.comfy_harness import import_headless
+from .devkit.comfy_harness import import_headless
 
 FAILURE = re.compile(r"(?:Cannot import|Error while calling comfy_entrypoint in) (\S+?)(?: module for custom nodes)?: (.*)")
 

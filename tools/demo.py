@@ -26,14 +26,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / "example_workflows" / "tiny_digits_tuning_plot.json"
 
-import devkit  # noqa: F401  (puts the development folders on sys.path)
-from devkit import workflow_api
+if __package__:  # python3 -m cached_sampler_dev.demo, the developer wing installed
+    from .devkit import comfy_harness, workflow_api
+else:  # python3 tools/demo.py with nothing installed: Python puts the script's own folder, tools/, on the path
+    from devkit import comfy_harness, workflow_api
 
 
 def start_comfy():
-    """A headless ComfyUI with the pack loaded by ComfyUI's own loader (the tests' harness), its output kept."""
-    from devkit.comfy_harness import start
-    return start(quiet=True)
+    """A headless ComfyUI with the pack loaded by ComfyUI's own loader (the tests' harness), its output kept; without
+    the tests' nodes, which need the developer wing installed."""
+    return comfy_harness.start(quiet=True, test_nodes=False)
 
 
 def images(comfy, outputs: dict, node_id: str):

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The developer's set-up: what the pack's tests, bench and tools need, installed into the current Python (best a
-# virtual environment), a working torch kept. The pack itself needs none of it, and tools/demo.py runs with what
-# ComfyUI already has.
-#   bash tools/setup.sh            torch (only where there is none), pytest, scikit-learn, ComfyUI's requirements
+# virtual environment), a working torch kept, and the developer wing (tools/) itself in development mode, as the
+# package cached_sampler_dev (tools/pyproject.toml). The pack itself needs none of it, and tools/demo.py runs with
+# what ComfyUI already has.
+#   bash tools/setup.sh            torch (only where there is none), pytest, scikit-learn, ComfyUI's requirements,
+#                                  the developer wing
 #   bash tools/setup.sh --browser  the same, and what the real-browser test needs: Chromium from the system package
 #                                  manager (apt-get, as root or through sudo) and playwright-core from npm in .browser/
 # ComfyUI itself is not on PyPI: point COMFYUI_PATH at a checkout (or keep one at ~/ComfyUI, or install the
 # pack in its custom_nodes/); its requirements are installed from there, then ComfyUI is imported once to
-# install what it imports without listing it (tools/check_comfy_imports.py).
+# install what it imports without listing it (python -m cached_sampler_dev.check_comfy_imports).
 set -euo pipefail
-usage() { sed -n '2,7s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,9s/^# \{0,1\}//p' "$0"; }
 BROWSER=
 for arg in "$@"; do
   case $arg in
@@ -72,6 +74,10 @@ PIN="torch==$TORCH_NOW"
 # torchaudio shares torch's release number: only torchaudio==$TORCH_NOW is made for this torch.
 "$PY" -c "import torchaudio" 2>/dev/null || quiet "torchaudio==$TORCH_NOW" "$PIN" 2>/dev/null || true
 quiet "pytest>=8" "scikit-learn>=1.3" "$PIN"
+# The developer wing: tools/ as one package, cached_sampler_dev, installed in development mode (an editable install
+# reads the working tree), so the tests import it and its entry points run as modules from any folder.
+echo "setup: installing the developer wing (tools/) in development mode, as the package cached_sampler_dev"
+quiet -e "$HERE" "$PIN"
 
 COMFY=${COMFYUI_PATH:-}
 if [ -z "$COMFY" ] && [ "$(basename "$(dirname "$(dirname "$HERE")")")" = custom_nodes ]; then
@@ -82,7 +88,7 @@ if [ -f "$COMFY/requirements.txt" ]; then
   quiet -r <(grep -v -E '^(torch|torchvision|torchaudio)([<>=~ ].*)?$' "$COMFY/requirements.txt") "$PIN"
   ok=
   for _ in 1 2 3 4 5; do
-    if report=$("$PY" "$HERE/check_comfy_imports.py" "$COMFY"); then ok=1; break; fi
+    if report=$("$PY" -m cached_sampler_dev.check_comfy_imports "$COMFY"); then ok=1; break; fi
     case $report in missing:*) ;; *) break ;; esac
     module=${report#missing: }
     if [ "$module" = torchaudio ]; then  # listed by ComfyUI, but no release was made for this torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devkit.pack import load_core
+from cached_sampler_dev.devkit.pack import load_core
 
 ic = load_core()
 cards = __import__(f"{ic.__name__}.cards", fromlist=["cards"])

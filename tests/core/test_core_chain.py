@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from devkit.pack import load_core
+from cached_sampler_dev.devkit.pack import load_core
 
 ic = load_core()
 
@@ -256,7 +256,7 @@ def test_released_run_keeps_no_branch_tensors():
     tensor at all is after (test_core_engine's test_nothing_of_a_run_outlives_it does the same for step and block
     caches)."""
     import torch
-    from reachable import tensors_in
+    from cached_sampler_dev.support.reachable import tensors_in
     gc = ic.GuidanceCache(interval=2)
     run = ic.LoopState(ic.InterceptorChain.of([gc]), [1.0, 0.0])
     state = run.branch_of(gc, ic.BranchKey(1, None, 0, (1, 2), "float32"))

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from devkit.pack import load_core
+from cached_sampler_dev.devkit.pack import load_core
 
 load_core()
 from cached_sampler_pack.interceptors.distributed import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, RankGroup,  # noqa: E402

@@ -4,8 +4,8 @@ import dataclasses
 import pytest
 import torch
 
-from devkit.pack import load_core
-from reachable import tensors_in
+from cached_sampler_dev.devkit.pack import load_core
+from cached_sampler_dev.support.reachable import tensors_in
 
 ic = load_core()
 from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, from_eps, model_forward, to_eps  # noqa: E402

@@ -3,10 +3,10 @@ import math
 
 import torch
 
-from devkit.pack import load_core
+from cached_sampler_dev.devkit.pack import load_core
 
 ic = load_core()
-import bench_metrics  # noqa: E402  (the bench's own SSIM, written separately: a second implementation)
+from cached_sampler_dev.bench import bench_metrics  # noqa: E402  (the bench's own SSIM, written separately: a second implementation)
 
 
 def test_ssim_of_flat_images_follows_the_formula_of_wang_et_al():

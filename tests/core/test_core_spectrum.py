@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from devkit.pack import load_core
+from cached_sampler_dev.devkit.pack import load_core
 
 ic = load_core()
 from cached_sampler_pack.interceptors.methods import spectrum, taylorseer  # noqa: E402

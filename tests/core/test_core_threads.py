@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from devkit.pack import load_core
+from cached_sampler_dev.devkit.pack import load_core
 
 load_core()
 from cached_sampler_pack import interceptors as ic  # noqa: E402

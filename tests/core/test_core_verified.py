@@ -4,7 +4,7 @@ lets a change of course through."""
 import pytest
 import torch
 
-from devkit.pack import load_core
+from cached_sampler_dev.devkit.pack import load_core
 
 ic = load_core()
 from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, model_forward  # noqa: E402

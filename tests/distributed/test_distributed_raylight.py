@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import tiny_models
-import devkit
-from devkit.comfy_harness import find_comfyui, import_headless
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.devkit.comfy_harness import find_comfyui, import_headless
 
 RAYLIGHT = Path(os.environ.get("RAYLIGHT_PATH", "")).expanduser()
 STEPS = 6
@@ -71,7 +70,7 @@ def actors(ray):
     comfy_path = str(find_comfyui())
     sys.path.insert(0, str(RAYLIGHT / "src"))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([*(str(devkit.ROOT / p) for p in devkit.PATHS), comfy_path]),
+             runtime_env={"env_vars": {"PYTHONPATH": comfy_path,  # the development wing comes from its install
                                        "OMP_NUM_THREADS": "1"}})
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # this test module is not importable there
     workers = [ray.remote(num_cpus=1)(Actor).remote(comfy_path) for _ in range(2)]

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import distributed_harness as harness
-from devkit.comfy_harness import find_comfyui
+from cached_sampler_dev.support import distributed_harness as harness
+from cached_sampler_dev.devkit.comfy_harness import find_comfyui
 
 pytestmark = [
     pytest.mark.slow,  # two processes, each starting ComfyUI

@@ -23,11 +23,11 @@ import threading
 import pytest
 import torch
 
-import graphs
-import methods
-import tiny_models
-import tiny_nodes
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import methods
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support import tiny_nodes
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 FAMILY = "flux"
 STEPS = 8
@@ -74,7 +74,7 @@ class DeviceLog:
 
     def patch(self, model, key):
         from comfy.patcher_extension import WrappersMP
-        from devkit.work_nodes import transformer_options_of
+        from cached_sampler_dev.devkit.work_nodes import transformer_options_of
         log = CAPTURED[key] = {"forwards": [], "blocks": []}
         lock = threading.Lock()
         m = model.clone()

@@ -12,9 +12,9 @@ import pickle
 import pytest
 import torch
 
-import graphs
-import tiny_models
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 STEPS = 6
 FULL = 3 * STEPS  # tiny Wan's 3 blocks on every step, both branches in one batched forward

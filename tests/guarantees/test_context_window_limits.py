@@ -13,10 +13,10 @@ import dataclasses
 
 import pytest
 
-import graphs
-import methods
-import tiny_models
-from devkit.work_nodes import count_work
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import methods
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.devkit.work_nodes import count_work
 
 LIMIT = 2
 STEPS = 10

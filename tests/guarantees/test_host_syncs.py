@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-import methods
-import tiny_models
+from cached_sampler_dev.support import methods
+from cached_sampler_dev.support import tiny_models
 
 STEPS = 8
 CONVERSIONS = ("item", "tolist", "__float__", "__bool__", "__int__")

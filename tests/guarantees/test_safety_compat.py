@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-import graphs
-import tiny_models
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 STEPS = 8
 FLUX_BLOCKS = 4  # the tiny Flux: 2 double + 2 single blocks
@@ -494,7 +494,7 @@ def test_a_cache_the_forward_runs_itself_from_the_options_is_refused_with_a_mess
     the diffusion model's forward skips its own blocks with it: a chain on the same model would cache it a second
     time. Refused when the chain is installed and again when a run starts with the key in its options; a model
     without the key is left alone."""
-    import tiny_configs
+    from cached_sampler_dev.support import tiny_configs
     ic, adapter = comfy.module("interceptors"), comfy.module("adapter")
     model = tiny_configs.build("Flux")
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2, node="Fixed Cadence (node fc)")])
@@ -536,7 +536,7 @@ def _direct(comfy, chain=None, options=None, skips=True):
     """The tiny Flux sampled through ComfyUI's KSampler path with ``chain`` installed (None: plain), counted at the
     model; ``options`` go into its transformer_options first. (output, work, the run's summary or None)."""
     import nodes
-    from devkit.work_nodes import count_work
+    from cached_sampler_dev.devkit.work_nodes import count_work
     adapter = comfy.module("adapter")
     model = tiny_models.build("flux")
     model.model_options.setdefault("transformer_options", {}).update(options or {})

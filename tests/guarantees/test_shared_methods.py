@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import graphs
-import methods
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import methods
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 STEPS = 8
 

@@ -19,7 +19,7 @@ WEIGHTS = os.path.join(ROOT, "assets", "tiny_flux_digits.safetensors")
 @pytest.fixture(scope="module")
 def digits_model(comfy):
     if not os.path.isfile(WEIGHTS):
-        pytest.skip("tiny_flux_digits.safetensors missing (run tools/training/train_digits_model.py)")
+        pytest.skip("tiny_flux_digits.safetensors missing (run python3 -m cached_sampler_dev.training.train_digits_model)")
     return comfy.module("nodes.digits_model")
 
 

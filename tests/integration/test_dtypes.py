@@ -7,10 +7,10 @@ import importlib
 import pytest
 import torch
 
-import graphs
-import tiny_models
-from devkit.pack import load_core
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.devkit.pack import load_core
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 ic = load_core()
 memory = importlib.import_module(f"{ic.__name__}.memory")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import graphs
-import tiny_configs
-import tiny_models
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import tiny_configs
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 try:
-    from devkit import comfy_harness
+    from cached_sampler_dev.devkit import comfy_harness
     _PATH = comfy_harness.find_comfyui()
 except Exception:  # pragma: no cover
     _PATH = None
@@ -231,13 +231,13 @@ def test_autoregressive_video_sampler_on_causal_wan_never_crashes_and_computes_e
 
 
 def test_families_doc_is_what_the_generator_writes_for_this_comfyui(comfy):
-    import families_table
+    from cached_sampler_dev.generate import families_table
     committed = families_table.DOC.read_text()
     documented = [line.split(" | ")[0].strip("| ") for line in committed.splitlines()[6:] if line.startswith("| ")]
     if documented != tiny_configs.config_names():
         pytest.skip("docs/families.md is written for the newest ComfyUI, whose configs differ from this one's")
     assert committed == families_table.render(comfy.module("adapter"), comfy.version), (
-        "docs/families.md is out of date: run python3 tools/generate/families_table.py")
+        "docs/families.md is out of date: run python3 -m cached_sampler_dev.generate.families_table")
 
 
 def test_minimax_h3_forwards_that_run_get_the_samplers_whole_schedule(comfy, monkeypatch):

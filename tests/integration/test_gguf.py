@@ -12,10 +12,10 @@ import asyncio
 import pytest
 import torch
 
-import graphs
-from devkit.comfy_harness import find_gguf_nodes
-import tiny_models
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.devkit.comfy_harness import find_gguf_nodes
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 STEPS = 8
 LOADER = "UnetLoaderGGUF"

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-import graphs
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 STEPS = 12
 

@@ -3,8 +3,8 @@ import math
 
 import torch
 
-import graphs
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs, tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 
 def _digits_prompt(steps=12):
@@ -150,6 +150,6 @@ def test_magcache_calibrate_makes_magcache_work_on_a_model_without_published_rat
     _, ui = comfy.run(prompt)
     ratios = [float(v) for v in ui["calibrate"]["text"][0].split(",")]
     assert len(ratios) == 8 and ratios[0] == 1.0 and all(r > 0 for r in ratios)
-    blocks = sum(__import__("tiny_models").block_groups("qwen_image").values())
+    blocks = sum(tiny_models.block_groups("qwen_image").values())
     assert CAPTURED["work"]["blocks"] < 8 * 2 * blocks, "the calibrated MagCache skipped blocks"
     assert torch.isfinite(CAPTURED["out"]).all()

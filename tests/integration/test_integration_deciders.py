@@ -4,11 +4,11 @@ model's hooks (forwards and blocks that really ran)."""
 import pytest
 import torch
 
-import graphs
-import methods
-import tiny_models
-from reachable import tensors_in
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import methods
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.reachable import tensors_in
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 WINDOW = dict(start_percent=0.0, end_percent=1.0)
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-import graphs
-import tiny_models
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 PACK_NODES = {"CachedSampler": "Cached Sampler", "CachedSamplerAdvanced": "Cached Sampler (Advanced)",
               "CachedSamplerApplyInterceptors": "Apply Interceptors", "CachedSamplerFixedCadence": "Fixed Cadence"}

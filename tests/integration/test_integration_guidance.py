@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-import graphs
-import tiny_models
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 WINDOW = dict(start_percent=0.0, end_percent=1.0)
 NEVER = dict(interval=1, mode="cadence", threshold=0.0, estimate="difference", **WINDOW)
@@ -323,7 +323,7 @@ def _windowed(comfy, monkeypatch, schedule, frames=24, steps=8, kept=None):
     """Sample tiny Wan (a batch of ``frames`` latents, windowed along it by ContextWindowsManual, 4 to a window)
     with the Guidance Cache; what each evaluation asked for and held. ``kept`` overrides how many evaluations
     without a window its history outlives."""
-    from reachable import tensors_in
+    from cached_sampler_dev.support.reachable import tensors_in
     state, guidance = comfy.module("interceptors.state"), comfy.module("interceptors.methods.guidance")
     if kept is not None:
         monkeypatch.setattr(guidance, "KEPT_EVALUATIONS", kept)

@@ -7,9 +7,9 @@ hooks, finite output, refusals), not quality. Quality is measured on the trained
 import pytest
 import torch
 
-import graphs
-import tiny_models
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 # Step-distilled models are refused without allow_distilled (tests/guarantees/test_safety_compat.py, tests/integration/test_families.py)
 DISTILLED = ("flux_schnell", "wan_causal")

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from tiny_nodes import CAPTURED
+from cached_sampler_dev.support.tiny_nodes import CAPTURED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WEIGHTS = os.path.join(ROOT, "assets", "tiny_flux_digits.safetensors")
@@ -67,7 +67,7 @@ def test_a_branch_in_its_own_model_call_is_said_to_be_skipped_unchecked(comfy, n
     """The decision is taken on the first model call of a step. Prompts of different lengths come in separate calls
     (the positive first): the negative branch's forecast is never checked, and the node says so; batched together,
     both are checked and nothing is said."""
-    import graphs
+    from cached_sampler_dev.support import graphs
     notes = {}
     for split in (False, True):
         prompt = graphs.base("flux", latent_seed=5)

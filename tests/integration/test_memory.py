@@ -8,9 +8,9 @@ import importlib
 import pytest
 import torch
 
-import methods
-import tiny_models
-from devkit.pack import load_core
+from cached_sampler_dev.support import methods
+from cached_sampler_dev.support import tiny_models
+from cached_sampler_dev.devkit.pack import load_core
 
 
 ic = load_core()
@@ -43,9 +43,9 @@ def test_the_summary_says_what_the_cache_held():
 
 
 def test_the_memory_table_in_docs_is_current():
-    import make_memory_table
+    from cached_sampler_dev.generate import make_memory_table
     assert make_memory_table.section() in make_memory_table.DOC.read_text(), (
-        "docs/memory.md's cache-memory table is out of date: run python3 tools/generate/make_memory_table.py")
+        "docs/memory.md's cache-memory table is out of date: run python3 -m cached_sampler_dev.generate.make_memory_table")
 
 
 # The tiny Flux of the integration tests as interceptors/memory.py sees it: 16x16 latent, patch 2 -> 64 image
@@ -129,7 +129,7 @@ def test_real_shapes_are_those_of_the_model_cards():
     """The memory table (docs/memory.md) rests on these shapes: each one's image tokens are its 16-channel latent patchified 2x2
     (1x2x2 for video), and the FLUX.1-dev and Wan 2.1 14B widths and Flux's text tokens are those the GPU bench
     builds through ComfyUI's own classes (tools/bench/bench_gpu.py)."""
-    import bench_gpu
+    from cached_sampler_dev.bench import bench_gpu
     for shape in memory.REAL_SHAPES:
         assert shape.latent_elements == 16 * 4 * shape.image_tokens, shape.name
     flux, wan480, wan720, hunyuan, qwen = memory.REAL_SHAPES

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-import graphs
-from devkit.work_nodes import CAPTURED, CountWork
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.devkit.work_nodes import CAPTURED, CountWork
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WEIGHTS = os.path.join(ROOT, "assets", "tiny_wan_video.safetensors")
@@ -20,7 +20,7 @@ STEPS = 10
 @pytest.fixture(scope="module")
 def video_model(comfy):
     if not os.path.isfile(WEIGHTS):
-        pytest.skip("tiny_wan_video.safetensors missing (run tools/training/train_video_model.py)")
+        pytest.skip("tiny_wan_video.safetensors missing (run python3 -m cached_sampler_dev.training.train_video_model)")
     return comfy.module("nodes.video_model")
 
 

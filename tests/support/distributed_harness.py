@@ -97,10 +97,10 @@ def _rank_main(rank, world, port, scenarios, sync, timeout_s, out_dir, env):
 
 
 def _load(rank, world, port, timeout_s, out_dir):
-    from devkit.comfy_harness import import_headless
+    from ..devkit.comfy_harness import import_headless
     import_headless()
     import nodes
-    import tiny_models
+    from . import tiny_models
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     custom = Path(out_dir) / f"rank{rank}" / "custom_nodes"  # removed with the run's folder

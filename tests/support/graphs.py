@@ -13,7 +13,7 @@ def base(family: str, batch: int = 1, latent_seed: int = -1, model_seed: int = 0
 def loaded_wan(loader: str, **loader_inputs) -> dict:
     """A prompt whose model is tiny_models' loadable Wan, loaded from a file by ``loader`` (ComfyUI's UNETLoader,
     ComfyUI-GGUF's loader), captured and counted, with conditioning of its text width."""
-    import tiny_models
+    from . import tiny_models
     prompt = {
         "model": {"class_type": loader, "inputs": loader_inputs},
         "captured": {"class_type": "TestCaptureModel", "inputs": {"model": ["model", 0], "key": "loaded"}},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from devkit.pack import load
+from ..devkit.pack import load
 
 PREFIX = "CachedSampler"
 EXAMPLES = [example for spec in load("interceptors.methods").SPECS for example in spec.examples]

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-import tiny_models
+from . import tiny_models
 
 CONTEXT = tiny_models.CONTEXT_DIM
 POOLED = tiny_models.POOLED_DIM

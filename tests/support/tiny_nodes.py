@@ -5,8 +5,8 @@ Registered into ComfyUI by the test harness (never shipped to users).
 """
 from __future__ import annotations
 
-import tiny_models
-from devkit.work_nodes import CAPTURED, CaptureLatent, CountWork, transformer_options_of
+from . import tiny_models
+from ..devkit.work_nodes import CAPTURED, CaptureLatent, CountWork, transformer_options_of
 
 
 class TinyModel:
@@ -754,7 +754,7 @@ class TinyConfigModel:
     CATEGORY = "testing"
 
     def load(self, config, seed):
-        import tiny_configs
+        from . import tiny_configs
         return (tiny_configs.build(config, seed),)
 
 
@@ -768,7 +768,7 @@ class TinyConfigConditioning:
     CATEGORY = "testing"
 
     def make(self, config):
-        import tiny_configs
+        from . import tiny_configs
         return tiny_configs.conditioning(config)
 
 
@@ -782,7 +782,7 @@ class TinyConfigLatent:
     CATEGORY = "testing"
 
     def make(self, config):
-        import tiny_configs
+        from . import tiny_configs
         return (tiny_configs.latent(config),)
 
 

@@ -40,7 +40,7 @@ class FakePackTeaCache:
 def results(comfy, tmp_path_factory):
     import nodes
 
-    import bench
+    from cached_sampler_dev.bench import bench
     nodes.NODE_CLASS_MAPPINGS["FakePackTeaCache"] = FakePackTeaCache
     out = tmp_path_factory.mktemp("bench")
     zero = {key: [1 if key == "fixed_cadence" else 0.0] for key in bench.SWEEPS}
@@ -121,7 +121,7 @@ def test_pack_methods_and_overhead_rows(results):
 def test_sweep_extension_and_targets_without_comfyui():
     import types
 
-    import bench
+    from cached_sampler_dev.bench import bench
     bench_self = types.SimpleNamespace(config=bench.Config())
     fc = bench.Method("fixed_cadence", "Fixed Cadence", "Fixed Cadence", "pack", "N", "interval", [1, 2])
     th = bench.Method("fbcache", "FB", "FB", "pack", "N", "threshold", [0.0, 0.4], param_max=1.0)
@@ -155,8 +155,8 @@ def test_sweep_extension_and_targets_without_comfyui():
 def test_device_flag_reaches_comfyui_and_the_overhead_definition(results):
     """``--device cuda`` asks ComfyUI for its GPU and defines overhead as wall time; the default stays on the CPU
     with CPU time around the blocks. The tiny run above went through the CPU path end to end."""
-    import bench
-    from bench_report import overhead_table
+    from cached_sampler_dev.bench import bench
+    from cached_sampler_dev.bench.bench_report import overhead_table
     assert bench.parse_args([]).device == "cpu" and bench.parse_args(["--device", "cuda"]).device == "cuda"
     data, _ = results
     assert data["meta"]["device"] == data["overhead"]["device"] == "cpu"
@@ -201,7 +201,7 @@ def test_fewer_steps_baseline_is_counted_and_compared(results):
 
 
 def test_vs_fewer_steps_without_comfyui():
-    import bench
+    from cached_sampler_dev.bench import bench
     rows = [{"method": "A", "family": "A", "source": "pack", "psnr": math.inf, "work": 1.0},
             {"method": "A", "family": "A", "source": "pack", "psnr": 41.0, "work": 0.4},
             {"method": "A", "family": "A", "source": "pack", "psnr": 33.0, "work": 0.3}]
@@ -214,7 +214,7 @@ def test_vs_fewer_steps_without_comfyui():
     assert v["30"]["work_ratio"] == pytest.approx(0.5 / 0.3)
     assert v["40"]["ratio"] == pytest.approx(0.6 / 0.2)
     assert not v["45"]["beats"] and v["45"]["equal"]  # neither saves anything above 45 dB
-    from bench_report import fmt_vs_fewer
+    from cached_sampler_dev.bench.bench_report import fmt_vs_fewer
     assert fmt_vs_fewer(v["30"]) == "1.40x fewer steps' reduction"
     # over every level 30..45 dB: A saves more up to 41 dB, less at 42..44 dB (fewer steps' 9 steps keep 44 dB,
     # A has nothing there), the same at 45 dB (neither saves anything)
@@ -227,7 +227,7 @@ def test_vs_fewer_steps_without_comfyui():
 def test_overhead_width_sets_the_heavy_models_hidden_size_and_heads():
     """``--overhead-hidden`` widens the heavy model with 64-wide heads and leaves its depth alone; a width the
     heads cannot divide is refused before anything runs."""
-    import bench
+    from cached_sampler_dev.bench import bench
     default = bench.parse_args([]).overhead_model
     wide = bench.parse_args(["--overhead-hidden", "1024"]).overhead_model
     assert (default["hidden_size"], default["num_heads"]) == (256, 4)
@@ -256,8 +256,8 @@ def test_guidance_cache_is_chained_after_the_growing_cadence_and_its_forecast(re
 
 
 def test_the_guidance_cache_takes_the_estimators_output():
-    import bench_run
-    from bench_discover import GUIDANCE, TAYLORSEER, Config, Method
+    from cached_sampler_dev.bench import bench_run
+    from cached_sampler_dev.bench.bench_discover import GUIDANCE, TAYLORSEER, Config, Method
     wl = bench_run.Workload("w", {"m": {}}, ["m", 0], ["m", 1], ["m", 2], ["m", 3])
     m = Method("fixed_cadence_growing+ts1+guidance", "L", "L", "pack", "CachedSamplerFixedCadence", "schedule",
                [{"interval": 2, "growth": 0.5}], taylorseer=1, guidance={"interval": 2, "start_percent": 0.6})

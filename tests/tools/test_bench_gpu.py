@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def test_the_gpu_bench_runs_on_a_cpu_at_tiny_size(comfy, tmp_path):
-    import bench_gpu
+    from cached_sampler_dev.bench import bench_gpu
     out = tmp_path / "results-gpu.md"
     args = bench_gpu.parse(["--device", "cpu", "--size", "tiny", "--steps", "4", "--repeats", "1", "--out", str(out)])
     adapter, ic = bench_gpu.start_comfy(args.device)

@@ -2,12 +2,12 @@
 (tests/support/methods.py) is discovered and swept by the bench, so a method added to the list and not to the
 bench's sweeps (or the other way round) fails here instead of drifting. The bench keeps its own settings per
 method: its sweeps are tuned to the trained digits model, the list's to the random tiny models."""
-import methods
+from cached_sampler_dev.support import methods
 
 
 def test_the_bench_sweeps_every_method_of_the_shared_list(comfy):
     import nodes
-    from bench_discover import Config, discover
+    from cached_sampler_dev.bench.bench_discover import Config, discover
     found, skipped = discover(nodes, Config())
     benched = {m.node for m in found}
     listed = {entries[0][0] for entries in methods.NODES.values()}

@@ -75,9 +75,9 @@ class FakeSpectrum:
 
 
 def test_spectrum_port_becomes_a_schedule_sweep_without_comfyui():
-    import bench
-    from bench_discover import discover
-    from bench_report import fmt_setting
+    from cached_sampler_dev.bench import bench
+    from cached_sampler_dev.bench.bench_discover import discover
+    from cached_sampler_dev.bench.bench_report import fmt_setting
     fake_nodes = types.SimpleNamespace(NODE_CLASS_MAPPINGS={"FakeSpectrum": FakeSpectrum},
                                        NODE_DISPLAY_NAME_MAPPINGS={"FakeSpectrum": "Fake Spectrum"})
     methods, skipped = discover(fake_nodes, bench.Config())
@@ -106,7 +106,7 @@ def test_spectrum_port_becomes_a_schedule_sweep_without_comfyui():
 def bench_with_fake_port(comfy, out, model: str = "digits") -> dict:
     import nodes
 
-    import bench
+    from cached_sampler_dev.bench import bench
     nodes.NODE_CLASS_MAPPINGS["FakeSpectrum"] = FakeSpectrum
     sweeps = {"fixed_cadence": [1, 2], "schedule.warmup_steps": [1], "schedule.window_size": [1.0, 2.0],
               "schedule.flex_window": [0.0]}

@@ -19,8 +19,8 @@ STEPS = 5
 @pytest.fixture(scope="module")
 def results(comfy, tmp_path_factory):
     if not WEIGHTS.is_file():
-        pytest.skip("tiny_wan_video.safetensors missing (run tools/training/train_video_model.py)")
-    import bench
+        pytest.skip("tiny_wan_video.safetensors missing (run python3 -m cached_sampler_dev.training.train_video_model)")
+    from cached_sampler_dev.bench import bench
     out = tmp_path_factory.mktemp("bench_video")
     config = bench.parse_args(["--model", "video", "--steps", str(STEPS), "--taylorseer", "1", "--extend", "0",
                                "--only", "fixed_cadence,fbcache,guidancecache,easycache",

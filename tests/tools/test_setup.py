@@ -40,7 +40,7 @@ exit 0
 TOOLS = ("bash", "sh", "dirname", "basename", "grep", "sed", "uname", "id", "env", "mkdir", "rm", "cat")
 
 
-def run_setup(tmp_path, *args, torch="2.6.0+cu124", no_torch=False):
+def run_setup(tmp_path, *args, torch="2.6.0+cu124", no_torch=False, comfyui=False):
     stubs = tmp_path / "bin"
     stubs.mkdir()
     for tool in TOOLS:
@@ -57,7 +57,11 @@ def run_setup(tmp_path, *args, torch="2.6.0+cu124", no_torch=False):
     log = tmp_path / "calls.log"
     log.write_text("")
     (tmp_path / "home").mkdir()
-    env = {"PATH": str(stubs), "HOME": str(tmp_path / "home"), "COMFYUI_PATH": str(tmp_path / "no-comfyui"),
+    if comfyui:  # a stand-in checkout: its requirements file is all the set-up reads of it
+        (tmp_path / "comfyui").mkdir()
+        (tmp_path / "comfyui" / "requirements.txt").write_text("torch\nnumpy\n")
+    env = {"PATH": str(stubs), "HOME": str(tmp_path / "home"),
+           "COMFYUI_PATH": str(tmp_path / ("comfyui" if comfyui else "no-comfyui")),
            "STUB_LOG": str(log), "STUB_DIR": str(stubs), "LC_ALL": "C"}
     with log.open("a") as out:
         result = subprocess.run([shutil.which("bash"), str(SETUP), *args], env=env, stdout=out,
@@ -76,6 +80,20 @@ def test_without_browser_it_keeps_torch_and_asks_nothing_of_apt_or_npm(tmp_path)
     assert pip and all("torch==2.6.0" in c for c in pip), pip  # every install pinned to the torch that is there
     assert not [c for c in pip if "torch==2.11.0" in c or "--index-url" in c], pip
     assert any("bash tools/setup.sh --browser" in line for line in said), "says how to enable the browser test"
+
+
+def test_it_installs_the_developer_wing_in_development_mode_and_checks_comfyui_with_it(tmp_path):
+    """tools/ goes in as the editable package cached_sampler_dev (what the tests import and the entry points run
+    as modules of), pinned to the torch there like every install, before ComfyUI is checked by a module of it."""
+    result, lines, said, calls, pip = run_setup(tmp_path, comfyui=True)
+    assert result.returncode == 0, "\n".join(lines) + result.stderr
+    editable = [c for c in pip if c.split()[-2:-1] == [str(ROOT / "tools")] and c.split()[-3] == "-e"]
+    assert len(editable) == 1 and editable[0].endswith("torch==2.6.0"), pip
+    assert any("developer wing" in line and "cached_sampler_dev" in line for line in said), said
+    check = calls.index(f"python -m cached_sampler_dev.check_comfy_imports {tmp_path / 'comfyui'}")
+    assert calls.index(editable[0]) < check
+    comfyui_requirements = next(c for c in pip if " -r " in c)
+    assert calls.index(comfyui_requirements) < check  # ComfyUI's requirements first, then the check
 
 
 def test_browser_says_what_it_installs_before_installing_it(tmp_path):

@@ -38,7 +38,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from devkit.comfy_harness import PACK_DIR_NAME, find_comfyui  # noqa: E402
+from cached_sampler_dev.devkit.comfy_harness import PACK_DIR_NAME, find_comfyui  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -614,7 +614,7 @@ def test_tiny_example_in_a_real_browser_shows_the_summary(comfy_server):
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "browser_tiny_digits.png"
     result = drive(url, tmp, shot, "full")
-    import make_example_workflows
+    from cached_sampler_dev.generate import make_example_workflows
     with urllib.request.urlopen(f"{url}/api/object_info", timeout=120) as response:
         defs = json.loads(response.read())
     # A template written for newer node definitions (LTX-2's) reads back other widget values on an older

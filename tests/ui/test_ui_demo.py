@@ -84,13 +84,14 @@ def comfyui_requirements(comfy_path: Path) -> set[str]:
     return names
 
 
-# Runs tools/demo.py as `python3 tools/demo.py` would (tools/ first on the path), with an import hook that makes
-# every distribution outside ComfyUI's requirements look uninstalled to the pack's own code (the demo, devkit, the
-# tests' support modules the harness registers, the pack): what a Python with only ComfyUI installed offers it.
-# What ComfyUI or torch import themselves is left alone: a working ComfyUI has it.
+# Installed as the sitecustomize of a Python that then runs `python3 tools/demo.py` exactly as the README says (the
+# folder holding it on PYTHONPATH, nothing else): an import hook that makes every distribution outside ComfyUI's
+# requirements look uninstalled to the pack's own code (the demo, devkit, the pack; the developer wing's installed
+# package among them): what a Python with only ComfyUI installed offers it. What ComfyUI or torch import themselves
+# is left alone: a working ComfyUI has it.
 ONLY_COMFYUI = r"""
-import importlib.abc, importlib.metadata, json, re, runpy, sys
-allowed, root, demo = set(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]
+import atexit, importlib.abc, importlib.metadata, json, os, re, sys
+allowed, root = set(json.loads(os.environ["DEMO_ALLOWED"])), os.environ["DEMO_ROOT"]
 owners = importlib.metadata.packages_distributions()
 refused = []
 
@@ -111,12 +112,7 @@ class OnlyComfyUIRequirements(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, OnlyComfyUIRequirements())
-sys.path[0] = root + "/tools"
-sys.argv = [demo] + sys.argv[4:]
-try:
-    runpy.run_path(demo, run_name="__main__")
-finally:
-    print("REFUSED:", json.dumps(refused), file=sys.stderr)
+atexit.register(lambda: print("REFUSED:", json.dumps(refused), file=sys.stderr))
 """
 
 
@@ -124,14 +120,19 @@ def test_demo_runs_with_only_what_comfyuis_requirements_install(comfy, tmp_path)
     allowed = comfyui_requirements(comfy.path)
     assert {"torch", "numpy", "pillow", "aiohttp", "safetensors"} <= allowed
     assert "pytest" not in allowed and "scikit-learn" not in allowed  # what the developer's set-up adds
-    env = {**os.environ, "COMFYUI_PATH": str(comfy.path), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-c", ONLY_COMFYUI, json.dumps(sorted(allowed)), str(ROOT),
-                             str(ROOT / "tools" / "demo.py"), "--out", str(tmp_path), "--steps", "8"],
-                            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert "cached-sampler-dev" not in allowed  # the developer wing, which the demo must not need
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(ONLY_COMFYUI, encoding="utf-8")
+    env = {**os.environ, "COMFYUI_PATH": str(comfy.path), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(hook),
+           "DEMO_ALLOWED": json.dumps(sorted(allowed)), "DEMO_ROOT": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "demo.py"), "--out", str(tmp_path / "out"),
+                             "--steps", "8"], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert "REFUSED: " in result.stderr, result.stderr[-3000:]  # the hook was there
     refused = json.loads(result.stderr.rpartition("REFUSED: ")[2].splitlines()[0])
     assert result.returncode == 0 and refused == [], (refused, result.stdout[-2000:] + result.stderr[-3000:])
     assert re.search(r"computed \d+/8 steps", result.stdout), result.stdout
-    assert (tmp_path / "cached.png").is_file()
+    assert (tmp_path / "out" / "cached.png").is_file()
 
 
 def test_demo_run_by_a_python_without_comfyuis_requirements_says_which_python_to_use(tmp_path):

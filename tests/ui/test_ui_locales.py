@@ -6,9 +6,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-import make_locales  # noqa: E402
-from devkit import workflow_api  # noqa: E402
-from devkit.workflow_api import serve
+from cached_sampler_dev.generate import make_locales  # noqa: E402
+from cached_sampler_dev.devkit import workflow_api  # noqa: E402
+from cached_sampler_dev.devkit.workflow_api import serve
 
 LANGS = ("en", "zh")
 
@@ -54,7 +54,7 @@ def test_chinese_is_translated(defs):
 def test_locale_files_match_the_node_schemas(defs):
     files, _ = make_locales.build({**defs})
     for rel, content in files.items():
-        assert load(*rel[:-5].split("/")) == content, f"{rel} is stale: run python3 tools/generate/make_locales.py"
+        assert load(*rel[:-5].split("/")) == content, f"{rel} is stale: run python3 -m cached_sampler_dev.generate.make_locales"
 
 
 def test_comfyui_serves_the_translations(comfy):

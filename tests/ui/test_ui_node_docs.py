@@ -10,10 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-import make_locales  # noqa: E402
-import make_node_docs  # noqa: E402
-from devkit import workflow_api  # noqa: E402
-from devkit.workflow_api import serve
+from cached_sampler_dev.generate import make_locales  # noqa: E402
+from cached_sampler_dev.generate import make_node_docs  # noqa: E402
+from cached_sampler_dev.devkit import workflow_api  # noqa: E402
+from cached_sampler_dev.devkit.workflow_api import serve
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_ranges_and_defaults_are_the_definitions(defs):
 
 def test_committed_pages_equal_the_generators_output(defs):
     pages = make_node_docs.build(defs)
-    assert make_node_docs.committed() == pages, "web/docs is stale: run python3 tools/generate/make_node_docs.py"
+    assert make_node_docs.committed() == pages, "web/docs is stale: run python3 -m cached_sampler_dev.generate.make_node_docs"
 
 
 def test_a_prose_text_without_its_chinese_stops_the_generator(defs, monkeypatch):

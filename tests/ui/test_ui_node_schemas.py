@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit import workflow_api  # noqa: E402
+from cached_sampler_dev.devkit import workflow_api
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "support" / "config_node_schemas.json"
 

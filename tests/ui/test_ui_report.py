@@ -3,7 +3,7 @@ import pytest
 import torch
 from PIL import Image
 
-from graphs import tiny_prompt
+from cached_sampler_dev.support.graphs import tiny_prompt
 
 def plot_image(comfy, outputs):
     info = outputs["plot"]["images"][0]
@@ -135,7 +135,7 @@ def test_the_summary_says_the_time_the_skipped_work_saved_as_the_run_timed_its_s
 
 def test_each_evaluation_is_timed_and_the_times_add_up_to_the_run(comfy):
     import nodes
-    import tiny_models
+    from cached_sampler_dev.support import tiny_models
     adapter, ic = comfy.module("adapter"), comfy.module("interceptors")
     seen = []
     chain = ic.InterceptorChain.of([ic.FixedCadence(interval=2), ic.TaylorSeer(order=1)])

@@ -86,7 +86,7 @@ def test_the_extension_translates_every_fixed_phrase_of_the_live_text(comfy, tmp
     """The server's live lines (English, over the progress-text channel), as a real run sends them and for every
     metric name: in Chinese no English phrase is left and the numbers are the same; in English they are as sent.
     A change of wording in nodes/report.py that the extension does not know fails here."""
-    from graphs import tiny_prompt
+    from cached_sampler_dev.support.graphs import tiny_prompt
     report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
     comfy.run(tiny_prompt(steps=12))
     texts = [t for node, t in comfy.server.progress_texts if node == "sampler"][:-1]  # the last is the summary

@@ -9,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from devkit import workflow_api
-from devkit.workflow_api import serve
+from cached_sampler_dev.devkit import workflow_api
+from cached_sampler_dev.devkit.workflow_api import serve
 
 EXAMPLES = ROOT / "example_workflows"
 NAMES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
@@ -79,7 +79,7 @@ def test_template_endpoint_lists_and_serves_every_example(served):
 
 def skip_unless_this_comfyui_has_what_it_needs(name, defs):
     """A template written for newer node definitions is checked only on a ComfyUI that has them."""
-    import make_example_workflows
+    from cached_sampler_dev.generate import make_example_workflows
     missing = make_example_workflows.missing_requirements(name, defs)
     if missing:
         pytest.skip(f"{name} needs a newer ComfyUI than this one: it lacks {', '.join(missing)}")
@@ -289,10 +289,10 @@ def test_every_model_file_an_example_loads_says_where_to_download_it_and_in_whic
 
 @pytest.mark.parametrize("name", NAMES)
 def test_examples_are_in_sync_with_their_generator(defs, name):
-    import make_example_workflows
+    from cached_sampler_dev.generate import make_example_workflows
     skip_unless_this_comfyui_has_what_it_needs(name, defs)
     assert make_example_workflows.WORKFLOWS[name](defs) == load(name), \
-        "the nodes changed: run python3 tools/generate/make_example_workflows.py"
+        "the nodes changed: run python3 -m cached_sampler_dev.generate.make_example_workflows"
 
 
 def test_tiny_example_validates_and_runs_headless_with_summary_and_progress(comfy, defs):
@@ -372,15 +372,16 @@ def test_converter_refuses_unknown_nodes_and_short_widget_lists():
 
 
 def test_workflow_api_command_line(comfy, tmp_path):
-    """``workflow_api.py --help`` answers, and the command turns a saved workflow into its prompt."""
+    """``python3 -m cached_sampler_dev.devkit.workflow_api --help`` answers, from any folder, and the command turns
+    a saved workflow into its prompt."""
     import subprocess
-    script = ROOT / "tools" / "devkit" / "workflow_api.py"
-    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-m", "cached_sampler_dev.devkit.workflow_api"]
+    shown = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert shown.returncode == 0 and "object_info" in shown.stdout
     defs = tmp_path / "object_info.json"
     defs.write_text(json.dumps(workflow_api.object_info()))
-    made = subprocess.run([sys.executable, str(script), str(EXAMPLES / f"{RUNNABLE}.json"), str(defs)],
-                          capture_output=True, text=True, timeout=60)
+    made = subprocess.run([*command, str(EXAMPLES / f"{RUNNABLE}.json"), str(defs)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     prompt = json.loads(made.stdout)
     assert any(node["class_type"] == "CachedSampler" for node in prompt.values())

@@ -17,9 +17,9 @@ Writes bench/results.md, bench/results.json and bench/pareto.png (see docs/measu
 ``--model video`` the same rows are measured on the pack's tiny Wan 2.1 video model (moving shapes, one video
 per class, 28 steps) into bench/results_video.md, results_video.json and pareto_video.png.
 
-    python3 tools/bench/bench.py            # the full bench (about 35-40 minutes on 2 CPU cores)
-    python3 tools/bench/bench.py --quick    # a 1-2 minute smoke run
-    python3 tools/bench/bench.py --model video
+    python3 -m cached_sampler_dev.bench.bench            # the full bench (about 35-40 minutes on 2 CPU cores)
+    python3 -m cached_sampler_dev.bench.bench --quick    # a 1-2 minute smoke run
+    python3 -m cached_sampler_dev.bench.bench --model video
 """
 from __future__ import annotations
 
@@ -30,16 +30,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The bench in parts: which methods (bench_discover), running them (bench_run), analysis and report
 # (bench_report); this file is the command line.
-from bench_discover import DBCACHE_PRESETS, QUICK_SWEEPS, SCHEDULE_GRID, SWEEPS, Config, Method  # noqa: E402,F401
-from bench_report import analyse, load_results, markdown, output_names, per_steps, write_outputs  # noqa: E402
-from bench_run import Bench, run_bench  # noqa: E402,F401  (Bench, Method: for tests)
+from .bench_discover import DBCACHE_PRESETS, QUICK_SWEEPS, SCHEDULE_GRID, SWEEPS, Config, Method  # noqa: E402,F401
+from .bench_report import analyse, load_results, markdown, output_names, write_outputs  # noqa: E402
+from .bench_results import per_steps  # noqa: E402
+from .bench_run import Bench, run_bench  # noqa: E402,F401  (Bench, Method: for tests)
 
 
 def parse_args(argv=None) -> Config:
@@ -145,7 +144,7 @@ def recorded_command(args: list[str]) -> str:
             skip = True
         elif not arg.startswith("--out="):
             kept.append(arg)
-    return " ".join(["python3 tools/bench/bench.py", *(shlex.quote(a) for a in kept)])
+    return " ".join(["python3 -m cached_sampler_dev.bench.bench", *(shlex.quote(a) for a in kept)])
 
 
 def _number(text: str):

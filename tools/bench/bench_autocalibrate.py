@@ -7,8 +7,8 @@ row with the best hand-tuned setting of any other method (every swept setting of
 bench/results.json) and with fewer steps, at the same floor: the work reduction each saves while its output
 stays at or above the target. Writes bench/autocalibrate/comparison.md.
 
-    python3 tools/bench/bench_autocalibrate.py                 # 28 steps, targets 30, 35, 40, 45 dB (about 5 min on 2 cores)
-    python3 tools/bench/bench_autocalibrate.py --steps 28,50
+    python3 -m cached_sampler_dev.bench.bench_autocalibrate   # 28 steps, targets 30, 35, 40, 45 dB (about 5 min on 2 cores)
+    python3 -m cached_sampler_dev.bench.bench_autocalibrate --steps 28,50
 """
 from __future__ import annotations
 
@@ -17,13 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from bench_discover import Config  # noqa: E402
-from bench_report import best_point, load_results  # noqa: E402
+from .bench_discover import Config  # noqa: E402
+from .bench_report import best_point, load_results  # noqa: E402
 
 TARGETS = (30.0, 35.0, 40.0, 45.0)
 
@@ -77,7 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "autocalibrate"))
     a = p.parse_args(argv)
     targets = tuple(float(t) for t in a.targets.split(","))
-    from bench_run import run_bench
+    from .bench_run import run_bench
     config = Config(steps=[int(s) for s in a.steps.split(",")], only=["autocalibrate"], overhead=False,
                     out=a.out, plot=False, taylorseer=[], extend=0)
     config.sweeps["autocalibrate"] = list(targets)

@@ -44,7 +44,7 @@ GUIDANCE_ON_CADENCE = {"interval": 2, "mode": "cadence", "start_percent": 0.6}
 
 def _method_specs() -> tuple:
     """The pack's config nodes as its methods declare them (interceptors/methods/)."""
-    from devkit.pack import load
+    from ..devkit.pack import load
     return load("interceptors.methods").SPECS
 
 
@@ -176,7 +176,7 @@ class _Quiet(logging.Filter):
 def start_comfy(other_packs: bool = True, device: str = "cpu"):
     """A headless ComfyUI (devkit.comfy_harness.start) on ``device`` with the bench nodes and, optionally, the
     caching packs installed in that ComfyUI's own custom_nodes folder."""
-    from devkit.comfy_harness import start
+    from ..devkit.comfy_harness import start
     quiet = _Quiet()
     root = logging.getLogger()
     root.addFilter(quiet)  # ComfyUI logs import failures on the root logger

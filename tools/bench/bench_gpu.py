@@ -1,8 +1,8 @@
 """GPU bench: the pack's overhead, wall speedup and memory on real-size models, with random weights.
 
-    python3 tools/bench/bench_gpu.py                          # on CUDA: FLUX.1-dev and Wan 2.1 14B dimensions
-    python3 tools/bench/bench_gpu.py --models flux --steps 8  # one model, fewer steps
-    python3 tools/bench/bench_gpu.py --device cpu --size tiny # what CI runs: the same code at toy sizes
+    python3 -m cached_sampler_dev.bench.bench_gpu                       # on CUDA: FLUX.1-dev and Wan 2.1 14B dimensions
+    python3 -m cached_sampler_dev.bench.bench_gpu --models flux --steps 8  # one model, fewer steps
+    python3 -m cached_sampler_dev.bench.bench_gpu --device cpu --size tiny # what CI runs: the same code at toy sizes
 
 The models are built through ComfyUI's own classes (``comfy.supported_models.Flux`` / ``WAN21_T2V`` ->
 ``comfy.model_base`` -> ``ModelPatcher``) directly on the device, with random weights, and sampled through
@@ -37,8 +37,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 
 import torch  # noqa: E402
 
@@ -71,12 +69,12 @@ def wan_latent(frames: int, height: int = 480, width: int = 832) -> tuple[int, .
 
 def start_comfy(device: str):
     """Import ComfyUI (``COMFYUI_PATH``, else ``~/ComfyUI``) headless, on ``device``, and the pack as a package."""
-    from devkit.comfy_harness import find_comfyui, import_headless
+    from ..devkit.comfy_harness import find_comfyui, import_headless
     path = find_comfyui()
     if path is None:
         raise SystemExit("bench_gpu: no ComfyUI found (set COMFYUI_PATH or keep a checkout at ~/ComfyUI).")
     import_headless(path, cpu=device == "cpu")
-    from devkit.pack import NAME, load_core
+    from ..devkit.pack import NAME, load_core
     load_core()
     return importlib.import_module(f"{NAME}.adapter"), importlib.import_module(f"{NAME}.interceptors")
 
@@ -226,7 +224,7 @@ def bench_model(adapter, ic, model_name: str, args, log=print) -> dict:
 
 
 def _bytes(n) -> str:
-    from devkit.pack import NAME
+    from ..devkit.pack import NAME
     return "-" if n is None else importlib.import_module(f"{NAME}.interceptors.stats").format_bytes(n)
 
 
@@ -238,7 +236,7 @@ def _cache(row) -> str:
 def write(results: list[dict], args, out: Path) -> str:
     device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "CPU"
     lines = [f"# GPU bench: {args.device} ({device})", "",
-             f"Written by `python3 tools/bench/bench_gpu.py {' '.join(sys.argv[1:])}`".rstrip() +
+             f"Written by `python3 -m cached_sampler_dev.bench.bench_gpu {' '.join(sys.argv[1:])}`".rstrip() +
              f" on {datetime.date.today()}, torch {torch.__version__}. Random weights built through ComfyUI's "
              f"classes, {args.steps} steps, euler / simple, seed 0; medians of {args.repeats} alternating rounds "
              f"after a warm-up run ({'CUDA events' if args.device == 'cuda' else 'wall clock'}).", ""]

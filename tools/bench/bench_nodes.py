@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from devkit.work_nodes import CaptureLatent, CountWork, capture_node
+from ..devkit.work_nodes import CaptureLatent, CountWork, capture_node
 
 
 def block_groups(model) -> dict[str, int]:
@@ -74,7 +74,7 @@ class BenchRandomFlux:
     def build(self, hidden_size, num_heads, depth, depth_single_blocks, seed):
         import importlib
 
-        from tiny_models import init_weights
+        from ..support.tiny_models import init_weights
         digits_model = importlib.import_module(f"{_PACK}.nodes.digits_model")
         config = dict(digits_model.DEFAULT_UNET_CONFIG)
         head = hidden_size // num_heads

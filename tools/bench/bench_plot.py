@@ -14,7 +14,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-from bench_report import per_steps
+from .bench_results import per_steps
 
 SCALE = 2  # drawn at twice the size, then downsampled: smooth lines without an antialiasing API
 PALETTE = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14), (23, 190, 207),

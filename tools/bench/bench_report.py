@@ -6,17 +6,14 @@ import json
 import math
 from pathlib import Path
 
+from .bench_results import per_steps
+
 TARGETS = (30.0, 31.0, 35.0, 40.0, 45.0)
 VERSUS_LEVELS = tuple(float(v) for v in range(30, 46))
 FEWER_STEPS = "fewer steps (uncached)"  # the baseline: the uncached sampler at fewer steps
 
 
 # ------------------------------------------------------------------------------- analysis ----
-
-def per_steps(results: dict) -> dict:
-    """The measured model's results by step count (stored under the model's name: "digits" or "video")."""
-    return results[results["meta"].get("model", "digits")]
-
 
 def output_names(results: dict) -> tuple[str, str, str]:
     """File names of the report, the data and the plot: results.md/json and pareto.png for the digits model,
@@ -384,7 +381,7 @@ def write_outputs(results: dict, out: Path, plot: bool = True) -> None:
     md_name, json_name, plot_name = output_names(results)
     if plot:
         try:
-            import bench_plot
+            from . import bench_plot
             bench_plot.pareto(results, out / plot_name)
             results["meta"]["plot"] = plot_name
         except Exception as e:  # the numbers matter more than the picture

@@ -18,13 +18,13 @@ from typing import Callable
 
 import torch
 
-import bench_metrics
-import bench_nodes
-from bench_discover import _inputs as discover_inputs  # noqa: E402
-from bench_discover import (CHAIN_TYPE, GUIDANCE, ROOT, TAYLORSEER, Config, Method, discover, return_types,
+from . import bench_metrics
+from . import bench_nodes
+from .bench_discover import _inputs as discover_inputs  # noqa: E402
+from .bench_discover import (CHAIN_TYPE, GUIDANCE, ROOT, TAYLORSEER, Config, Method, discover, return_types,
                             start_comfy, widget_defaults)
-from bench_report import FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
-from devkit.work_nodes import CAPTURED
+from .bench_report import FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
+from ..devkit.work_nodes import CAPTURED
 
 EXTEND_BELOW_DB = 30.0  # sweeps are extended until a curve's PSNR drops below this
 OVERHEAD_TAYLORSEER_ON = ("fixed_cadence", "fbcache")  # TaylorSeer's own overhead, measured on these
@@ -564,10 +564,10 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
     if config.overhead:
         overhead = bench.overhead([dataclasses.replace(m, values=[m.zero] if m.zero is not None else m.values[:1])
                                    for m in methods if _overhead_curve(m, config)])
-    from devkit import comfy_harness
+    from ..devkit import comfy_harness
     results = {
         "meta": {
-            "command": config.command or ("python3 tools/bench/bench.py" + (" --quick" if config.quick else "")
+            "command": config.command or ("python3 -m cached_sampler_dev.bench.bench" + (" --quick" if config.quick else "")
                                           + (f" --device {config.device}" if config.device != "cpu" else "")),
             "device": config.device,
             "date": datetime.date.today().isoformat(),

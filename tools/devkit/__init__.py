@@ -9,24 +9,8 @@ to users and never loaded by ComfyUI.
 * ``workflow_api``: a saved workflow turned into the API prompt the server runs, and a server's GET routes
   called in-process.
 
-Importing ``devkit`` puts the development folders (``PATHS``, the same list as pytest's ``pythonpath`` in
-pyproject.toml) on ``sys.path``, so an entry script in a folder of tools/ needs one line to find tools/ and
-nothing more. The pack's root is never among them: ComfyUI has a top-level ``nodes`` module, and so does the
-pack, which is imported as a package.
+Part of the developer wing's package (``cached_sampler_dev.devkit``, tools/pyproject.toml), and importable as a
+top-level ``devkit`` by tools/demo.py run as a file (its own folder is then on the path): so it imports only
+itself relatively and what ComfyUI's requirements install. The pack's root is never put on the path: ComfyUI has a
+top-level ``nodes`` module, and so does the pack, which is imported as a package.
 """
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-PATHS = ("tools", "tools/bench", "tools/generate", "tests/support")
-
-
-def use_paths() -> None:
-    """Put every folder of ``PATHS`` on ``sys.path`` (once, in that order, before the rest)."""
-    missing = [str(ROOT / p) for p in PATHS if str(ROOT / p) not in sys.path]
-    sys.path[:0] = missing
-
-
-use_paths()

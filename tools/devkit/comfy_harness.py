@@ -36,10 +36,10 @@ def find_comfyui() -> Path | None:
     return None
 
 
-def start(cpu: bool = True, quiet: bool = False, tmp: Path | None = None) -> "Comfy":
+def start(cpu: bool = True, quiet: bool = False, tmp: Path | None = None, test_nodes: bool = True) -> "Comfy":
     """The headless ComfyUI of a tool (the demo, the bench, a generator), found as ``find_comfyui`` finds it, with
     one torch thread; exits naming ``COMFYUI_PATH`` when there is none. ``quiet`` keeps ComfyUI's start-up
-    output to itself unless the start fails."""
+    output to itself unless the start fails; ``test_nodes`` as ``Comfy`` takes it."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     torch.set_num_threads(1)
@@ -47,13 +47,13 @@ def start(cpu: bool = True, quiet: bool = False, tmp: Path | None = None) -> "Co
     if path is None:
         raise SystemExit("No ComfyUI found: keep a checkout at ~/ComfyUI or set COMFYUI_PATH (see README).")
     if not quiet:
-        return Comfy(path, tmp, cpu=cpu)
+        return Comfy(path, tmp, cpu=cpu, test_nodes=test_nodes)
     import contextlib
     import io
     noise = io.StringIO()
     try:
         with contextlib.redirect_stderr(noise), contextlib.redirect_stdout(noise):
-            return Comfy(path, tmp, cpu=cpu)
+            return Comfy(path, tmp, cpu=cpu, test_nodes=test_nodes)
     except BaseException:
         print(noise.getvalue(), file=sys.stderr)
         raise
@@ -153,7 +153,7 @@ def release_models() -> int:
     model_patcher = sys.modules.get("comfy.model_patcher")
     if model_patcher is None:
         return 0
-    from devkit import work_nodes
+    from . import work_nodes
     work_nodes.CAPTURED.clear()
     CAPTURED.clear()
     import comfy.model_management
@@ -172,9 +172,11 @@ def release_models() -> int:
 class Comfy:
     """A headless ComfyUI with the pack loaded from a custom_nodes folder by ComfyUI's own loader."""
 
-    def __init__(self, path: Path, tmp: Path | None = None, cpu: bool = True):
+    def __init__(self, path: Path, tmp: Path | None = None, cpu: bool = True, test_nodes: bool = True):
         """``tmp`` holds ComfyUI's input/output/temp/user folders and the pack's custom_nodes link; without
-        one, a temporary folder removed when the process exits. ``cpu`` False lets ComfyUI use its GPU."""
+        one, a temporary folder removed when the process exits. ``cpu`` False lets ComfyUI use its GPU.
+        ``test_nodes`` registers the tests' nodes (``cached_sampler_dev.support.tiny_nodes``, of the installed
+        developer wing); the demo, which runs with nothing installed, goes without them."""
         self.path = path
         self.version = comfyui_version(path)
         import_headless(path, cpu=cpu)
@@ -211,7 +213,8 @@ class Comfy:
         self.pack = sys.modules.get(self.pack_path.replace(".", "_x_"))
         if self.pack is None or "CachedSampler" not in nodes.NODE_CLASS_MAPPINGS:
             raise RuntimeError("ComfyUI did not load the pack from custom_nodes (see the log for IMPORT FAILED).")
-        self._register_test_nodes()
+        if test_nodes:
+            self._register_test_nodes()
         import execution
         self.execution = execution
         self._ids = itertools.count()
@@ -222,7 +225,7 @@ class Comfy:
         return importlib.import_module(f"{self.pack.__name__}.{name}")
 
     def _register_test_nodes(self):
-        from tiny_nodes import TEST_NODES
+        from ..support.tiny_nodes import TEST_NODES
         for name, cls in TEST_NODES.items():
             self.nodes.NODE_CLASS_MAPPINGS[name] = cls
 

@@ -14,7 +14,7 @@ when it queues a workflow:
   PrimitiveNode gives its widget value;
 * frontend-only nodes (notes, reroutes, primitives) and muted nodes are left out.
 
-``python3 tools/devkit/workflow_api.py WORKFLOW.json OBJECT_INFO.json`` prints the prompt of a workflow, given the
+``python3 -m cached_sampler_dev.devkit.workflow_api WORKFLOW.json OBJECT_INFO.json`` prints the prompt of a workflow, given the
 node definitions saved from a server's ``/object_info``.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ CreateVideo gained a widget and SaveVideo became dynamic combos), and an output 
 as far as the graph links them, so this writes the same files on each version (the tests check it there).
 Run from the pack's folder after changing nodes or graphs:
 
-    python3 tools/generate/make_example_workflows.py
+    python3 -m cached_sampler_dev.generate.make_example_workflows
 
 The tiny-model workflow's thumbnail shows its real output (digits and tuning plot, sampled here); the
 others show the graph itself, since they need model files to run: with ``--thumbnails-from-browser`` as
@@ -31,10 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "example_workflows"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 
-from devkit import workflow_api  # noqa: E402
+from ..devkit import workflow_api  # noqa: E402
 
 SLOT_H, WIDGET_H, TITLE_H = 20, 24, 30
 MODEL_EXTENSIONS = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".sft", ".gguf")
@@ -889,7 +887,7 @@ def save_thumbnail(image, path: Path, tolerance: float = 1.0) -> None:
 
 
 def main() -> None:
-    from devkit.comfy_harness import start
+    from ..devkit.comfy_harness import start
     comfy = start()
     defs = workflow_api.object_info()
     OUT.mkdir(exist_ok=True)

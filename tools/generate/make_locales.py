@@ -5,8 +5,8 @@ cannot drift from the nodes. Chinese comes from the hand-made translation memory
 (input names by identifier, texts by their English wording); a text it does not know yet stays English
 and is listed, so translate it there and run this again:
 
-    python3 tools/generate/make_locales.py            # write the files
-    python3 tools/generate/make_locales.py --check    # exit 1 if the files are not what the nodes say
+    python3 -m cached_sampler_dev.generate.make_locales            # write the files
+    python3 -m cached_sampler_dev.generate.make_locales --check    # exit 1 if the files are not what the nodes say
 """
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ PREFIX = "CachedSampler"
 CONTROL = "control_after_generate"
 CATEGORY_WORDS = {"cached": "cached", "interceptors": "interceptors", "demo": "demo"}
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
-from devkit import workflow_api  # noqa: E402
+from ..devkit import workflow_api  # noqa: E402
 
 
 def pack_nodes(defs: dict) -> dict:
@@ -91,7 +89,7 @@ def dumps(content: dict) -> str:
 
 
 def main() -> int:
-    from devkit.comfy_harness import start
+    from ..devkit.comfy_harness import start
     start()
     files, missing = build(workflow_api.object_info())
     check = "--check" in sys.argv
@@ -107,7 +105,7 @@ def main() -> int:
     for text in missing:
         print(f"untranslated (zh): {text}", file=sys.stderr)
     if stale:
-        print(f"out of date: {', '.join(stale)} (run python3 tools/generate/make_locales.py)", file=sys.stderr)
+        print(f"out of date: {', '.join(stale)} (run python3 -m cached_sampler_dev.generate.make_locales)", file=sys.stderr)
         return 1
     return 0
 

@@ -12,8 +12,8 @@ Compares, at one step count (``--quick``: a handful of settings):
   their thresholds;
 * Fixed Cadence + TaylorSeer o1 + Guidance Cache, over both intervals.
 
-    python3 tools/studies/bench_guidance.py                 # 28 steps, about 3 minutes on one core
-    python3 tools/studies/bench_guidance.py --steps 50 --json out.json
+    python3 -m cached_sampler_dev.studies.bench_guidance                 # 28 steps, about 3 minutes on one core
+    python3 -m cached_sampler_dev.studies.bench_guidance --steps 50 --json out.json
 """
 from __future__ import annotations
 
@@ -25,15 +25,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-import bench_metrics  # noqa: E402
-import bench_nodes  # noqa: E402
-from devkit.work_nodes import CAPTURED  # noqa: E402
+from ..bench import bench_metrics  # noqa: E402
+from ..bench import bench_nodes  # noqa: E402
+from ..devkit.work_nodes import CAPTURED  # noqa: E402
 
 TARGETS = (35.0, 40.0, 45.0)
 GUIDANCE_ESTIMATES = ("difference forecast", "difference", "negative forecast", "negative reuse")
@@ -74,7 +72,7 @@ def prompt_for(args, key: str, cadence=None, guidance=None) -> dict:
 
 class Runner:
     def __init__(self, args):
-        from devkit.comfy_harness import start
+        from ..devkit.comfy_harness import start
         self.comfy = start()
         import comfy.utils
         comfy.utils.PROGRESS_BAR_ENABLED = False

@@ -7,8 +7,8 @@ a Cached Sampler at the calibration seed and at held-out seeds, and its decoded 
 the uncached ones. Prints a markdown report: work saved, the image PSNR each plan really gives, the gap
 between latent and image PSNR, the seed-to-seed spread, and what the decodes cost.
 
-    python3 tools/studies/calibration_spaces.py                      # 28 steps, targets 35 and 40 dB (about 20 min on 2 cores)
-    python3 tools/studies/calibration_spaces.py --steps 12 --targets 35 --eval-seeds 2   # a quick check
+    python3 -m cached_sampler_dev.studies.calibration_spaces   # 28 steps, targets 35 and 40 dB (about 20 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.calibration_spaces --steps 12 --targets 35 --eval-seeds 2   # a quick check
 """
 from __future__ import annotations
 
@@ -16,12 +16,8 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
-
-from demo import start_comfy  # noqa: E402
+from ..devkit.comfy_harness import start
 
 DECODES = {"count": 0, "seconds": 0.0}
 HELD_OUT_FROM = 100
@@ -63,7 +59,7 @@ MODELS = {  # the bundled models a study can run on: the node that loads one, an
 def start_study(model: str = "digits"):
     """A headless ComfyUI with the pack and the timed VAE node, quiet progress bars; (the app, the pack's
     interceptors module, the bundled ``model``'s decoder)."""
-    app = start_comfy()
+    app = start(quiet=True)
     app.nodes.NODE_CLASS_MAPPINGS["ToolTimedVAE"] = TimedVAENode
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False
@@ -87,7 +83,7 @@ def capture(prompt: dict, node: str, key: str, output: int = 0) -> None:
 
 def run_plan(app, executor, args, target: float, vae: bool, seeds: int, eval_seeds: list[int]) -> dict:
     """Calibrate once (timed, decodes counted), then sample the plan at every evaluation seed."""
-    from tiny_nodes import CAPTURED
+    from ..support.tiny_nodes import CAPTURED
     calibration = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
         **sampling(args, args.seed), "target": "quality", "min_psnr": target, "budget": 8, "order": 1,
         "seeds": seeds, **({"vae": ["vae", 0]} if vae else {})}}
@@ -112,7 +108,7 @@ def run_plan(app, executor, args, target: float, vae: bool, seeds: int, eval_see
 
 
 def uncached_latents(app, executor, args, eval_seeds: list[int]) -> dict:
-    from tiny_nodes import CAPTURED
+    from ..support.tiny_nodes import CAPTURED
     prompt = base_prompt()
     for seed in eval_seeds:
         prompt[f"plain{seed}"] = {"class_type": "KSampler", "inputs": sampling(args, seed)}

@@ -26,8 +26,8 @@ and, for one plan in the loop, whether the forecast's miss at the computed steps
 samples) tells the seeds that fall short from those that do not, and whether more computed steps give a better
 result there. Prints a markdown report.
 
-    python3 tools/studies/forecast_limits.py            # about 6 min on 2 cores
-    python3 tools/studies/forecast_limits.py --quick    # one plan, two seeds
+    python3 -m cached_sampler_dev.studies.forecast_limits            # about 6 min on 2 cores
+    python3 -m cached_sampler_dev.studies.forecast_limits --quick    # one plan, two seeds
 """
 from __future__ import annotations
 
@@ -36,11 +36,7 @@ import bisect
 import itertools
 import math
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 
 STEPS = 28
 CFG = 3.0
@@ -174,7 +170,7 @@ class Workload:
         return Rule(1, weights=weights)
 
     def psnr(self, seed: int, plan, rule: Rule, misses=None) -> float:
-        from bench_metrics import psnr
+        from ..bench.bench_metrics import psnr
         return psnr(self.images(seed, plan, rule, misses=misses), self.reference(seed))
 
 
@@ -182,7 +178,7 @@ def pack_run(app, work: Workload, items: list, seed: int) -> tuple[float, object
     """PSNR of the pack's own Cached Sampler path (ComfyUI's KSampler code) with the chain of ``items``, and the
     run's summary (what it computed)."""
     import nodes as comfy_nodes
-    from bench_metrics import psnr
+    from ..bench.bench_metrics import psnr
     ic, adapter = app.module("interceptors"), app.module("adapter")
     summaries = []
     patched = adapter.install(work.model, ic.InterceptorChain.of(items), schedule=adapter.schedule_of(STEPS, 1.0),
@@ -217,7 +213,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(1)
-    from calibration_spaces import start_study
+    from .calibration_spaces import start_study
     app, _, digits_decode = start_study()
     global lagrange
     lagrange = app.module("interceptors.methods.taylorseer").lagrange_weights

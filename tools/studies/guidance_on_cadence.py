@@ -9,19 +9,15 @@ bench measures seed 0: the setting it chains (``GUIDANCE_ON_CADENCE`` in tools/b
 on the other seeds. Work is the run's own count (batch rows the model ran, against the uncached run). Prints a
 markdown report.
 
-    python3 tools/studies/guidance_on_cadence.py            # about 6 min on 2 cores
-    python3 tools/studies/guidance_on_cadence.py --quick    # one setting, two seeds
+    python3 -m cached_sampler_dev.studies.guidance_on_cadence            # about 6 min on 2 cores
+    python3 -m cached_sampler_dev.studies.guidance_on_cadence --quick    # one setting, two seeds
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
-from forecast_limits import CFG, STEPS, Workload, pack_run  # noqa: E402
+from .forecast_limits import CFG, STEPS, Workload, pack_run  # noqa: E402
 
 CADENCES = ((3, 0.75), (2, 0.5), (2, 0.25))  # the growing settings best at 31, 35 and 40 dB on the bench
 GUIDANCE = ((2, 0.5), (2, 0.6), (2, 0.7), (2, 0.8), (3, 0.6))  # (interval, start_percent)
@@ -33,7 +29,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
     torch.set_num_threads(1)
-    from calibration_spaces import start_study
+    from .calibration_spaces import start_study
     app, ic, _ = start_study()
     module = app.module("nodes.video_model")
     video = Workload(module, list(range(8)), module.decode)

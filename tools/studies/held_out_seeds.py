@@ -18,24 +18,20 @@ model, a tiny Wan 2.1, all eight classes; euler / simple, cfg 3, 28 steps):
 For each held-out seed it also reports the *oracle*: the best hand-tuned setting chosen at that very seed, the
 bench's comparison. Prints a markdown report.
 
-    python3 tools/studies/held_out_seeds.py                      # targets 35, 40, 45 dB, 8 held-out seeds (about 25 min on 2 cores)
-    python3 tools/studies/held_out_seeds.py --targets 35 --held-out 2 --confirm-seeds 1
-    python3 tools/studies/held_out_seeds.py --targets 45 --margin 2.5 --confirm-seeds 1   # the 47.5 dB plan at 45 dB
-    python3 tools/studies/held_out_seeds.py --model video        # the video model (about 80 min on 2 cores)
-    python3 tools/studies/held_out_seeds.py --model video --auto-only --confirm-seeds 3   # Auto Calibrate's rows only
+    python3 -m cached_sampler_dev.studies.held_out_seeds   # targets 35, 40, 45 dB, 8 held-out seeds (about 25 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.held_out_seeds --targets 35 --held-out 2 --confirm-seeds 1
+    python3 -m cached_sampler_dev.studies.held_out_seeds --targets 45 --margin 2.5 --confirm-seeds 1  # the 47.5 dB plan at 45 dB
+    python3 -m cached_sampler_dev.studies.held_out_seeds --model video       # the video model (about 80 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.held_out_seeds --model video --auto-only --confirm-seeds 3  # Auto Calibrate's rows only
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
-
-from bench_discover import GUIDANCE, GUIDANCE_ON_CADENCE, widget_defaults  # noqa: E402
-from calibration_spaces import HELD_OUT_FROM, base_prompt, capture, run_plan, sampling, start_study  # noqa: E402
+from ..bench.bench_discover import GUIDANCE, GUIDANCE_ON_CADENCE, widget_defaults  # noqa: E402
+from .calibration_spaces import HELD_OUT_FROM, base_prompt, capture, run_plan, sampling, start_study  # noqa: E402
 
 INTERVALS = range(2, 9)  # digits: Fixed Cadence + TaylorSeer order 1 and 2
 ORDERS = (1, 2)
@@ -64,7 +60,7 @@ def sample_all(app, executor, args, seeds: list[int], settings: dict) -> tuple[d
     run's own count (its share of the uncached run's model work; the same at every seed). ``settings`` maps a
     name to ("fewer", steps) or ("cadence", (interval, order, growth, guided)); "uncached" is the full-step
     KSampler."""
-    from tiny_nodes import CAPTURED
+    from ..support.tiny_nodes import CAPTURED
     # the Guidance Cache the bench chains after the growing cadence, its other inputs at the node's defaults
     guided_inputs = {**widget_defaults(app.nodes.NODE_CLASS_MAPPINGS[GUIDANCE])[0], **GUIDANCE_ON_CADENCE}
     out, work, samplers = {}, {}, {}

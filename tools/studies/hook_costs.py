@@ -7,8 +7,8 @@ into the estimator and the accounting of the held cache, each in CPU millisecond
 overhead of the same round (a method run against the uncached run that follows it). Each timed function is
 wrapped for the measurement only; the block time comes from the bench's own counters, which time every block.
 
-    python3 tools/studies/hook_costs.py                        # First Block Cache, 4 rounds (about 1 min on 2 cores)
-    python3 tools/studies/hook_costs.py --method fixed_cadence --rounds 6
+    python3 -m cached_sampler_dev.studies.hook_costs              # First Block Cache, 4 rounds (about 1 min on 2 cores)
+    python3 -m cached_sampler_dev.studies.hook_costs --method fixed_cadence --rounds 6
 
 Prints a markdown table.
 """
@@ -19,10 +19,7 @@ import collections
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 
 # (module of the pack, attribute path, label): what is timed
 TIMED = [("adapter.blocks", "block_call", "block hook (with the blocks)"),
@@ -57,8 +54,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=8, help="steps per run (default 8, as the bench's overhead)")
     a = p.parse_args(argv)
 
-    from bench_discover import Config, discover, start_comfy
-    from bench_run import Bench, heavy_workload
+    from ..bench.bench_discover import Config, discover, start_comfy
+    from ..bench.bench_run import Bench, heavy_workload
     config = Config(steps=[], other_packs=False, plot=False, verbose=False)
     comfy = start_comfy(other_packs=False)
     methods, _ = discover(comfy.nodes, config)

@@ -1,6 +1,6 @@
 """Measure in which dtype caches and forecasts should be kept, on the trained digits model in bf16 and fp16.
 
-    python3 tools/studies/measure_dtypes.py            # about 3 minutes on one CPU thread; writes bench/dtypes.md
+    python3 -m cached_sampler_dev.studies.measure_dtypes     # about 3 minutes on one CPU thread; writes bench/dtypes.md
 
 The digits model is built through ComfyUI's classes computing in bfloat16 / float16 (what ComfyUI does on a
 GPU that supports them), all ten digits in one batch, 28 steps, euler, cfg 3, seed 0. Block-level methods
@@ -24,8 +24,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
@@ -95,7 +93,7 @@ def measure(comfy) -> list[dict]:
 def write(rows: list[dict]) -> str:
     names = list(dict.fromkeys(r["variant"] for r in rows))
     lines = ["# Cache and forecast dtype on the digits model", "",
-             f"Written by `python3 tools/studies/measure_dtypes.py` ({STEPS} steps, euler, cfg 3, seed 0, all ten digits; "
+             f"Written by `python3 -m cached_sampler_dev.studies.measure_dtypes` ({STEPS} steps, euler, cfg 3, seed 0, all ten digits; "
              "PSNR of the decoded digits against the uncached run in the same dtype; work saved and peak cache "
              "bytes of the run).", "",
              "| dtype | method | " + " | ".join(f"PSNR (work saved), {n}" for n in names) + " | "
@@ -113,7 +111,7 @@ def write(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    from bench_discover import start_comfy
+    from ..bench.bench_discover import start_comfy
     torch.set_num_threads(1)
     comfy = start_comfy(other_packs=False)
     text = write(measure(comfy))

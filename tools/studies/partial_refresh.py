@@ -16,20 +16,15 @@ back blocks: on a forecast evaluation only the embedding and the final layer run
 Positions and pairs are chosen at the calibration seed, then measured at held-out seeds; decoded-image PSNR
 against the uncached run at the same seed. Prints a markdown report.
 
-    python3 tools/studies/partial_refresh.py            # about 2 min on 2 cores
+    python3 -m cached_sampler_dev.studies.partial_refresh            # about 2 min on 2 cores
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
-
-from calibration_spaces import base_prompt, capture, sampling, start_study  # noqa: E402
+from .calibration_spaces import base_prompt, capture, sampling, start_study  # noqa: E402
 
 STEPS = 28
 CALIBRATION_SEED = 1
@@ -135,7 +130,7 @@ class Study:
 
     def psnr(self, seed: int, settings: dict) -> dict:
         """name -> (decoded-image PSNR at ``seed``, work share of the uncached run)."""
-        from tiny_nodes import CAPTURED
+        from ..support.tiny_nodes import CAPTURED
 
         class Args:
             steps = STEPS

@@ -40,8 +40,6 @@ import time
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/: devkit puts the development folders on sys.path
-import devkit  # noqa: E402,F401
 PACKAGE_NAME = "cached_sampler_pack"
 ASSETS = os.path.join(ROOT, "assets")
 
@@ -61,7 +59,7 @@ def import_comfy():
     path = comfyui_path()
     if not os.path.isdir(os.path.join(path, "comfy")):
         sys.exit(f"ComfyUI not found at {path} (set COMFYUI_PATH)")
-    from devkit.comfy_harness import import_headless
+    from ..devkit.comfy_harness import import_headless
     import_headless(Path(path))
 
 

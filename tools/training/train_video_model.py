@@ -37,7 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ASSETS = os.path.join(ROOT, "assets")
 
-import train_digits_model as common  # noqa: E402  (beside it: ComfyUI import, pack import, PNG grid)
+from . import train_digits_model as common  # noqa: E402  (beside it: ComfyUI import, pack import, PNG grid)
 
 
 def import_video_model():
