@@ -181,7 +181,7 @@ PROSE: dict[str, dict] = {
 def _method_prose() -> dict[str, dict]:
     """The config nodes' prose, from their methods' declarations."""
     from ..devkit.pack import load
-    from make_locales import PREFIX
+    from .make_locales import PREFIX
     return {f"{PREFIX}{spec.name}": {"when": list(spec.prose.when), "families": list(spec.prose.families),
                                      "after": CHAIN_AFTER if spec.prose.after is None else list(spec.prose.after)}
             for spec in load("interceptors.methods").SPECS}
