@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from . import digits_model, video_model
+from .demo_models import digits as digits_model, video as video_model
 from .common import CATEGORY, PREFIX
 
 

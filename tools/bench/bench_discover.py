@@ -206,7 +206,7 @@ def load_other_packs(comfy) -> list[str]:
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith((".", "__")) or entry.name.endswith((".example", ".disabled")):
             continue
-        if entry.is_dir() and (entry / "nodes" / "digits_model.py").is_file():
+        if entry.is_dir() and any((entry / "nodes" / f).is_file() for f in ("demo_models/digits.py", "digits_model.py")):
             continue  # another copy of this pack
         if entry.is_file() and entry.suffix != ".py":
             continue

@@ -143,8 +143,8 @@ class Bench:
         self.log = log if config.verbose else (lambda *_: None)
         self.nodes = nodes
         bench_nodes.register(nodes, comfy.pack.__name__)
-        self.digits_model = comfy.module("nodes.digits_model")
-        self.video_model = comfy.module("nodes.video_model") if config.model == "video" else None
+        self.digits_model = comfy.module("nodes.demo_models.digits")
+        self.video_model = comfy.module("nodes.demo_models.video") if config.model == "video" else None
         self.executor = comfy.executor(cache=True)
         self._n = 0
 

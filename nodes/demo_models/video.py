@@ -27,18 +27,14 @@ without ComfyUI.
 """
 
 import functools
-import json
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 
-WEIGHTS_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "assets",
-    "tiny_wan_video.safetensors",
-)
+from . import loader
+
+WEIGHTS_PATH = loader.asset_path("tiny_wan_video.safetensors")
 
 TEXT_DIM = 32
 DEFAULT_UNET_CONFIG = {
@@ -244,56 +240,22 @@ def init_weights(diffusion_model, std=0.02, seed=None):
 def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.float32, seed=0):
     """Build the tiny Wan model through ComfyUI's real classes: a ``ModelPatcher`` wrapping
     ``comfy.model_base.WAN21`` (a ``WAN21_T2V`` config with shift 3, FLOW) computing in ``dtype``."""
-    import comfy.model_patcher
-
     config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
     for key in ("patch_size", "window_size"):
         config[key] = tuple(config[key])
-    model_config = _config_class()(config)
-    model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({})
-    if initialise:
-        init_weights(model.diffusion_model, seed=seed)
-    model.eval()
-    device = torch.device(device)
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
-
-
-def _read_file(path):
-    from safetensors import safe_open
-
-    tensors = {}
-    with safe_open(path, framework="pt") as f:
-        metadata = f.metadata() or {}
-        for key in f.keys():
-            tensors[key] = f.get_tensor(key)
-    return tensors, metadata
-
-
-@functools.lru_cache(maxsize=4)
-def _load_file_cached(path):
-    return _read_file(path)
+    initialise_with_seed = (lambda net: init_weights(net, seed=seed)) if initialise else None
+    return loader.build_patcher(_config_class()(config), device, dtype, initialise_with_seed)
 
 
 def load_tables(path=None):
     """Frozen tables stored next to the weights: ``class_context`` [8, 4, 32], ``latent_mean`` [16],
     ``latent_std`` [16]."""
-    tensors, _ = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
-    return {k: tensors[k].clone() for k in ("class_context", "latent_mean", "latent_std")}
+    return loader.load_tables(path or WEIGHTS_PATH, ("class_context", "latent_mean", "latent_std"))
 
 
 def load_model(path=None, device="cpu", dtype=torch.float32):
-    """Load the committed model as a ComfyUI ModelPatcher ready to sample: the config from the file's
-    metadata, the network built with :func:`build_model`, and the ``diffusion_model.*`` weights through the
-    running ComfyUI's own conversion for the config (``process_unet_state_dict``), loaded strictly."""
-    tensors, metadata = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
-    config = json.loads(metadata["unet_config"])
-    patcher = build_model(config, device=device, initialise=False, dtype=dtype)
-    prefix = "diffusion_model."
-    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    model = patcher.model
-    model.diffusion_model.load_state_dict(model.model_config.process_unet_state_dict(state), strict=True)
-    return patcher
+    """Load the committed model as a ComfyUI ModelPatcher ready to sample (:func:`loader.load_model`)."""
+    return loader.load_model(path or WEIGHTS_PATH, build_model, device=device, dtype=dtype)
 
 
 # --------------------------------------------------------- conditioning ----
@@ -402,10 +364,5 @@ def motion(videos):
 def sample_videos(model, labels, steps=28, cfg=3.0, seed=0, sampler="euler", scheduler="simple", tables=None):
     """Sample one video per label through ComfyUI's KSampler code path (``nodes.common_ksampler``'s
     steps); returns the ComfyUI-space latent [B, 16, 8, 8, 8]."""
-    import comfy.sample
-
     positive, negative = class_conditioning(labels, tables)
-    latent = comfy.sample.fix_empty_latent_channels(model, empty_latent(len(labels)))
-    noise = comfy.sample.prepare_noise(latent, seed)
-    return comfy.sample.sample(model, noise, steps, cfg, sampler, scheduler, positive, negative, latent,
-                               denoise=1.0, disable_pbar=True, seed=seed)
+    return loader.sample(model, positive, negative, empty_latent(len(labels)), steps, cfg, seed, sampler, scheduler)
