@@ -105,26 +105,12 @@ def load_model(path=None, device="cpu", dtype=torch.float32):
 
 def make_class_tables(seed=1234, tokens=CONTEXT_TOKENS, dim=32):
     """Fresh frozen random class embeddings: (context [10,L,dim], pooled [10,dim])."""
-    g = torch.Generator().manual_seed(seed)
-    context = torch.randn(NUM_CLASSES, tokens, dim, generator=g)
-    pooled = torch.randn(NUM_CLASSES, dim, generator=g)
-    return context, pooled
+    return loader.make_flux_class_tables(NUM_CLASSES, seed, tokens, dim)
 
 
 def class_conditioning(labels, tables=None):
-    """ComfyUI CONDITIONING (positive, negative) for a list of digit labels.
-
-    positive: ``[[context[B, L, 32], {"pooled_output": pooled[B, 32]}]]``
-    from the frozen class table; negative: the same shapes filled with
-    zeros (the unconditional input used for label dropout in training).
-    """
-    tables = tables or load_tables()
-    idx = torch.as_tensor(list(labels), dtype=torch.long)
-    context = tables["class_context"][idx]
-    pooled = tables["class_pooled"][idx]
-    positive = [[context, {"pooled_output": pooled}]]
-    negative = [[torch.zeros_like(context), {"pooled_output": torch.zeros_like(pooled)}]]
-    return positive, negative
+    """ComfyUI CONDITIONING (positive, negative) for a list of digit labels (:func:`loader.flux_class_conditioning`)."""
+    return loader.flux_class_conditioning(labels, tables or load_tables())
 
 
 # ------------------------------------------------------------ "VAE" ----

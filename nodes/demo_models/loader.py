@@ -10,6 +10,7 @@ package of its own before ComfyUI is on the path.
 
 import functools
 import json
+import math
 import os
 
 import torch
@@ -65,6 +66,49 @@ def build_patcher(model_config, device="cpu", dtype=torch.float32, initialise=No
     return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
 
 
+# ------------------------------------------------------------------ lossy decoder ----
+
+PATCH = 4            # pixels per latent position (each side)
+LATENT_CHANNELS = 16
+
+
+@functools.lru_cache(maxsize=1)
+def patch_basis():
+    """The lossy decoder's patterns [48, 16]: orthonormal columns over one 4x4 RGB patch (RGB-major, then y, x):
+    the 10 lowest spatial frequencies (2-D DCT) of the luminance and the 3 lowest of each of two colour-difference
+    channels. Encoding is the orthogonal projection onto them, so high frequencies and fine colour are lost, like a
+    real VAE's lossy compression."""
+    n = torch.arange(PATCH, dtype=torch.float64)
+    dct = torch.stack([torch.cos(math.pi * (n + 0.5) * k / PATCH) for k in range(PATCH)])
+    dct = dct / dct.norm(dim=1, keepdim=True)  # [4 frequencies, 4 positions], orthonormal rows
+    luma = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64) / math.sqrt(3.0)
+    chroma = (torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2.0),
+              torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6.0))
+    low = [(u, v) for s in range(2 * PATCH) for u in range(PATCH) for v in range(PATCH) if u + v == s]
+    columns = []
+    for colour, frequencies in [(luma, low[:10])] + [(c, low[:3]) for c in chroma]:
+        for fu, fv in frequencies:
+            spatial = torch.outer(dct[fu], dct[fv])  # [y, x]
+            columns.append((colour.view(3, 1, 1) * spatial).reshape(-1))
+    return torch.stack(columns, dim=1).float()
+
+
+def patch_latent(images):
+    """Unstandardised latent [N, 16, H/4, W/4] of images [N, 3, H, W] (in 0..1, coded as -1..1)."""
+    n, _, h, w = images.shape
+    x = images.float().reshape(n, 3, h // PATCH, PATCH, w // PATCH, PATCH) * 2.0 - 1.0
+    patches = x.permute(0, 2, 4, 1, 3, 5).reshape(n, h // PATCH, w // PATCH, 3 * PATCH * PATCH)
+    return (patches @ patch_basis()).permute(0, 3, 1, 2).contiguous()
+
+
+def patch_decode(z):
+    """Images [N, 3, H, W] (0..1, unclamped) of unstandardised latents [N, 16, H/4, W/4]."""
+    n, _, h, w = z.shape
+    patches = z.float().permute(0, 2, 3, 1) @ patch_basis().T  # [N, h, w, 48]
+    x = patches.reshape(n, h, w, 3, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)
+    return (x.reshape(n, 3, h * PATCH, w * PATCH) + 1.0) / 2.0
+
+
 # ------------------------------------------------------------- the Flux demo models ----
 
 _ZERO_INIT_SUFFIXES = ("_mod.lin", "modulation.lin", "adaLN_modulation.1", "final_layer.linear")
@@ -107,6 +151,39 @@ def _flux_config_class(name, doc, flux, flux_schnell):
     return type(name, (flux,), {"__doc__": doc, "unet_config": dict(flux_schnell.unet_config),
                                 "sampling_settings": dict(flux_schnell.sampling_settings),
                                 "get_model": flux_schnell.get_model})
+
+
+def make_flux_class_tables(num_classes, seed=1234, tokens=4, dim=32):
+    """Fresh frozen random class embeddings: (context [classes, tokens, dim], pooled [classes, dim])."""
+    g = torch.Generator().manual_seed(seed)
+    context = torch.randn(num_classes, tokens, dim, generator=g)
+    pooled = torch.randn(num_classes, dim, generator=g)
+    return context, pooled
+
+
+def flux_class_conditioning(labels, tables):
+    """ComfyUI CONDITIONING (positive, negative) for a list of class labels.
+
+    positive: ``[[context[B, L, 32], {"pooled_output": pooled[B, 32]}]]`` from the frozen class tables;
+    negative: the same shapes filled with zeros (the unconditional input used for label dropout in training).
+    """
+    idx = torch.as_tensor(list(labels), dtype=torch.long)
+    context = tables["class_context"][idx]
+    pooled = tables["class_pooled"][idx]
+    positive = [[context, {"pooled_output": pooled}]]
+    negative = [[torch.zeros_like(context), {"pooled_output": torch.zeros_like(pooled)}]]
+    return positive, negative
+
+
+def parse_classes(text, class_names, node):
+    """Labels from a string of class digits (``"01234567"``; commas and spaces allowed), checked against
+    ``class_names``."""
+    allowed = "".join(str(i) for i in range(len(class_names)))
+    labels = [int(c) for c in text if c.isdigit()]
+    if not labels or any(c not in allowed + ", " for c in text):
+        raise ValueError(f"{node}: 'classes' must list classes 0-{len(class_names) - 1} ("
+                         + ", ".join(f"{i} {n}" for i, n in enumerate(class_names)) + f"); got {text!r}.")
+    return labels
 
 
 # ------------------------------------------------------------------------ loading ----

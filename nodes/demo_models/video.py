@@ -62,8 +62,8 @@ NUM_CLASSES = len(CLASS_NAMES)
 CONTEXT_TOKENS = 4
 FRAMES = 8
 PIXELS = 32            # frame side in pixels
-PATCH = 4              # pixels per latent position (each side)
-LATENT_CHANNELS = 16
+PATCH = loader.PATCH   # pixels per latent position (each side)
+LATENT_CHANNELS = loader.LATENT_CHANNELS
 LATENT_SIZE = PIXELS // PATCH
 IMAGE_SIZE = 64        # decoded IMAGE side (nearest x2 of the 32x32 frames)
 SPEED = 2.4            # pixels per frame
@@ -120,39 +120,18 @@ def make_videos(labels, generator=None):
 
 # -------------------------------------------------------------- "VAE" ----
 
-@functools.lru_cache(maxsize=1)
-def decoder_basis():
-    """The decoder's patterns [48, 16]: orthonormal columns over one 4x4 RGB patch (RGB-major, then y, x)."""
-    n = torch.arange(PATCH, dtype=torch.float64)
-    dct = torch.stack([torch.cos(math.pi * (n + 0.5) * k / PATCH) for k in range(PATCH)])
-    dct = dct / dct.norm(dim=1, keepdim=True)  # [4 frequencies, 4 positions], orthonormal rows
-    luma = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64) / math.sqrt(3.0)
-    chroma = (torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2.0),
-              torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6.0))
-    low = [(u, v) for s in range(2 * PATCH) for u in range(PATCH) for v in range(PATCH) if u + v == s]
-    columns = []
-    for colour, frequencies in [(luma, low[:10])] + [(c, low[:3]) for c in chroma]:
-        for fu, fv in frequencies:
-            spatial = torch.outer(dct[fu], dct[fv])  # [y, x]
-            columns.append((colour.view(3, 1, 1) * spatial).reshape(-1))
-    return torch.stack(columns, dim=1).float()
-
-
 def raw_latent(videos):
-    """Unstandardised latent [B, 16, T, 8, 8] of videos [B, T, 3, 32, 32] (0..1; coded as -1..1)."""
+    """Unstandardised latent [B, 16, T, 8, 8] of videos [B, T, 3, 32, 32] (0..1; :func:`loader.patch_latent`)."""
     b, t = videos.shape[:2]
-    x = videos.float().reshape(b * t, 3, LATENT_SIZE, PATCH, LATENT_SIZE, PATCH) * 2.0 - 1.0
-    patches = x.permute(0, 2, 4, 1, 3, 5).reshape(b * t, LATENT_SIZE, LATENT_SIZE, 3 * PATCH * PATCH)
-    z = patches @ decoder_basis()  # [BT, 8, 8, 16]
-    return z.reshape(b, t, LATENT_SIZE, LATENT_SIZE, LATENT_CHANNELS).permute(0, 4, 1, 2, 3).contiguous()
+    z = loader.patch_latent(videos.reshape(b * t, 3, PIXELS, PIXELS))  # [BT, 16, 8, 8]
+    return z.reshape(b, t, LATENT_CHANNELS, LATENT_SIZE, LATENT_SIZE).transpose(1, 2).contiguous()
 
 
 def raw_decode(z):
     """Videos [B, T, 3, 32, 32] (0..1, unclamped) of unstandardised latents [B, 16, T, 8, 8]."""
     b, _, t = z.shape[:3]
-    patches = z.float().permute(0, 2, 3, 4, 1) @ decoder_basis().T  # [B, T, 8, 8, 48]
-    x = patches.reshape(b, t, LATENT_SIZE, LATENT_SIZE, 3, PATCH, PATCH).permute(0, 1, 4, 2, 5, 3, 6)
-    return (x.reshape(b, t, 3, PIXELS, PIXELS) + 1.0) / 2.0
+    frames = loader.patch_decode(z.transpose(1, 2).reshape(b * t, LATENT_CHANNELS, LATENT_SIZE, LATENT_SIZE))
+    return frames.reshape(b, t, 3, PIXELS, PIXELS)
 
 
 def latent_stats(videos):
@@ -276,11 +255,7 @@ def class_conditioning(labels, tables=None):
 
 def parse_classes(text, node="Tiny Video Model"):
     """Labels from a string of class digits 0-7 (``CLASS_NAMES``), e.g. "01234567"."""
-    labels = [int(c) for c in text if c.isdigit()]
-    if not labels or any(c not in "01234567, " for c in text):
-        raise ValueError(f"{node}: 'classes' must list classes 0-7 ("
-                         + ", ".join(f"{i} {n}" for i, n in enumerate(CLASS_NAMES)) + f"); got {text!r}.")
-    return labels
+    return loader.parse_classes(text, CLASS_NAMES, node)
 
 
 def empty_latent(batch=1):

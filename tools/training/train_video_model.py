@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
