@@ -178,7 +178,7 @@ def test_node_runs_through_the_executor_with_every_block(comfy, photos_model, mo
     assert latent.shape == (len(CLASSES), 16, photos_model.LATENT_SIZE, photos_model.LATENT_SIZE)
     labels = [int(c) for c in CLASSES]
     direct = photos_model.sample_photos(model, labels, steps=STEPS, cfg=3.0, seed=0)
-    assert torch.equal(latent, direct)  # the node's setup is the module's
+    assert torch.allclose(latent, direct, atol=1e-4)  # the node's setup is the module's (to float rounding on older ComfyUIs)
     assert work["runs"] == 1 and work["forwards"] == STEPS  # cond and uncond in one batch per step
     assert work["blocks"] == STEPS * blocks
     assert work["block_rows"] == STEPS * blocks * 2 * len(CLASSES)

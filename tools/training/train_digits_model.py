@@ -194,6 +194,14 @@ def check_patches_exact(net, x, t, context, pooled):
     return err
 
 
+def flux_checkpoint_names(state):
+    """``state`` with Flux's RMSNorm gains under their checkpoint name ``scale``, which every supported ComfyUI
+    loads (newer ones name the parameter ``weight`` and convert ``scale`` in ``process_unet_state_dict``; older ones
+    know only ``scale``)."""
+    suffixes = ("query_norm.weight", "key_norm.weight")
+    return {(k[:-len("weight")] + "scale" if k.endswith(suffixes) else k): v for k, v in state.items()}
+
+
 def train(dm, args):
     """Train and return (ema_state_dict, tables, info)."""
     import torch
@@ -262,7 +270,7 @@ def train(dm, args):
     err = check_patches_exact(net, probe, torch.rand(8, generator=gen), context[:8], pooled[:8])
     print(f"patched training forward matches ComfyUI's own (max abs err {err:.1e})")
     names = [n for n, _ in net.named_parameters()]
-    state = {n: e.contiguous() for n, e in zip(names, ema)}
+    state = flux_checkpoint_names({n: e.contiguous() for n, e in zip(names, ema)})
     tail = losses[-100:]
     info = {"train_steps": step, "train_seconds": round(seconds, 1),
             "final_loss": round(sum(tail) / len(tail), 5)}

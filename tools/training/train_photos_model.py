@@ -104,7 +104,7 @@ def train(pm, args):
     err = common.check_patches_exact(net, probe, torch.rand(8, generator=gen), context, pooled)
     print(f"patched training forward matches ComfyUI's own (max abs err {err:.1e})")
     names = [n for n, _ in net.named_parameters()]
-    state = {n: e.contiguous() for n, e in zip(names, ema)}
+    state = common.flux_checkpoint_names({n: e.contiguous() for n, e in zip(names, ema)})
     tail = losses[-100:]
     info = {"train_steps": step, "train_seconds": round(seconds, 1),
             "final_loss": round(sum(tail) / len(tail), 5), "train_log": "\n".join(log)}
