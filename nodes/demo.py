@@ -1,5 +1,5 @@
-"""Demo nodes for the bundled tiny models: a class-conditional Flux trained on 8x8 digits, and a
-class-conditional Wan 2.1 video model trained on moving shapes.
+"""Demo nodes for the bundled tiny models: a class-conditional Flux trained on 8x8 digits, a class-conditional
+Wan 2.1 video model trained on moving shapes, and a class-conditional Flux trained on crops of two photographs.
 
 They let the example workflows, the headless demo and the browser test run anywhere in seconds,
 through ComfyUI's real Flux code and sampling loop. Not meant for real images.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from . import digits_model, video_model
+from .demo_models import digits as digits_model, photos as photos_model, video as video_model
 from .common import CATEGORY, PREFIX
 
 
@@ -95,4 +95,35 @@ class VideoModel(io.ComfyNode):
         return io.NodeOutput(video_model.load_model(), positive, negative, latent, video_model.VideoVAE())
 
 
-DEMO_NODES = [DigitsModel, DigitsDecode, VideoModel]
+class PhotosModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=f"{PREFIX}PhotosModel",
+            display_name="Tiny Photos Model (demo)",
+            category=f"{CATEGORY}/demo",
+            description=("Loads the pack's bundled tiny Flux model (2.3M parameters, trained on 48x48 crops of two "
+                         "photographs: a pagoda by a lake and a dahlia) with class conditioning, an empty latent and "
+                         "its fixed lossy decoder: a complete text-to-image setup on natural images, whose textures "
+                         "make caching harder than on the digits, that samples in seconds on a CPU."),
+            inputs=[io.String.Input("classes", default="01234567", tooltip=(
+                "Which pictures to make, one each (the batch), by class: 0 sky, 1 pagoda, 2 trees, 3 lake, "
+                "4 flower heart, 5 whole flower, 6 leaves, 7 bud. E.g. \"01234567\" or \"111\"."))],
+            outputs=[io.Model.Output(display_name="MODEL", tooltip="The tiny Flux model."),
+                     io.Conditioning.Output(display_name="positive", tooltip="Class conditioning per image."),
+                     io.Conditioning.Output(display_name="negative", tooltip="Unconditional (for CFG)."),
+                     io.Latent.Output(display_name="LATENT", tooltip="An empty latent, one per class."),
+                     io.Vae.Output(display_name="VAE", tooltip=(
+                         "The model's fixed lossy decoder, for VAE Decode (96x96 images) or Auto Calibrate's vae "
+                         "input."))],
+        )
+
+    @classmethod
+    def execute(cls, classes: str) -> io.NodeOutput:
+        labels = photos_model.parse_classes(classes, "Tiny Photos Model (demo)")
+        positive, negative = photos_model.class_conditioning(labels)
+        latent = {"samples": photos_model.empty_latent(len(labels))}
+        return io.NodeOutput(photos_model.load_model(), positive, negative, latent, photos_model.PhotosVAE())
+
+
+DEMO_NODES = [DigitsModel, DigitsDecode, VideoModel, PhotosModel]

@@ -10,7 +10,7 @@ from comfy_api.latest import io
 from .. import adapter
 from ..interceptors import InterceptorChain
 from .common import CATEGORY, PREFIX, as_chain, chain_input, node_label
-from .report import RunReport
+from .summary.report import RunReport
 
 log = logging.getLogger("cached_sampler")
 

@@ -40,7 +40,7 @@ const STRINGS = {
     cell: "evaluation {i}: {state}",
     computed: "computed",
     skipped: "skipped",
-    // the live progress text (nodes/report.py sends it in English)
+    // the live progress text (nodes/summary/report.py sends it in English)
     liveStep: "step {step}/{total}: {done} computed, {skipped} skipped so far ({pct} skipped)",
     liveDecision: "{metric} {value} {rel} threshold {threshold}: {verdict}",
     liveUnchecked: "computed (not checked: first, last, warm-up or outside start/end percent)",

@@ -15,7 +15,7 @@ STEPS = 20
 @pytest.fixture(scope="module")
 def digits(comfy):
     import comfy.sample as comfy_sample
-    dm = comfy.module("nodes.digits_model")
+    dm = comfy.module("nodes.demo_models.digits")
     ic = comfy.module("interceptors")
     adapter = comfy.module("adapter")
     model = dm.load_model()

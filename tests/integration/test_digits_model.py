@@ -20,7 +20,7 @@ WEIGHTS = os.path.join(ROOT, "assets", "tiny_flux_digits.safetensors")
 def digits_model(comfy):
     if not os.path.isfile(WEIGHTS):
         pytest.skip("tiny_flux_digits.safetensors missing (run python3 -m cached_sampler_dev.training.train_digits_model)")
-    return comfy.module("nodes.digits_model")
+    return comfy.module("nodes.demo_models.digits")
 
 
 def test_weights_path_points_at_assets(digits_model):

@@ -28,7 +28,7 @@ def _sample(prompt, sampling, key, seed, chain=True, model="digits"):
 
 
 def _image_psnr(comfy, a, b):
-    vae = comfy.module("nodes.digits_model").DigitsVAE()
+    vae = comfy.module("nodes.demo_models.digits").DigitsVAE()
     x, y = vae.decode(a).double(), vae.decode(b).double()
     return 10 * math.log10(1.0 / float((x - y).pow(2).mean()))
 

@@ -80,7 +80,7 @@ def _calibrate_and_sample(comfy, sample_seeds=(3,), **calibration):
 
 def test_with_a_vae_the_reported_psnr_is_that_of_the_decoded_images(comfy):
     text = _calibrate_and_sample(comfy, vae=["digits", 4])
-    vae = comfy.module("nodes.digits_model").DigitsVAE()
+    vae = comfy.module("nodes.demo_models.digits").DigitsVAE()
     decode = comfy.nodes.VAEDecode().decode
     (out,), (ref,) = decode(vae, {"samples": CAPTURED["out3"]}), decode(vae, {"samples": CAPTURED["ref3"]})
     image_psnr = 10 * math.log10(1.0 / float((out.double() - ref.double()).pow(2).mean()))

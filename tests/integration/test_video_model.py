@@ -21,7 +21,7 @@ STEPS = 10
 def video_model(comfy):
     if not os.path.isfile(WEIGHTS):
         pytest.skip("tiny_wan_video.safetensors missing (run python3 -m cached_sampler_dev.training.train_video_model)")
-    return comfy.module("nodes.video_model")
+    return comfy.module("nodes.demo_models.video")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_model_is_comfyui_wan_loaded_strictly(video_model, model):
     assert isinstance(net, comfy.ldm.wan.model.WanModel)
     assert len(net.blocks) == video_model.DEFAULT_UNET_CONFIG["num_layers"]
     # every stored weight is the one the network holds (load_model loads strictly)
-    tensors, metadata = video_model._read_file(WEIGHTS)
+    tensors, metadata = video_model.loader.read_file(WEIGHTS)
     state = net.state_dict()
     stored = {k[len("diffusion_model."):]: v for k, v in tensors.items() if k.startswith("diffusion_model.")}
     assert set(stored) == set(state)

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_plot():
-    spec = importlib.util.spec_from_file_location("cached_sampler_plot", ROOT / "nodes" / "plot.py")
+    spec = importlib.util.spec_from_file_location("cached_sampler_plot", ROOT / "nodes" / "summary" / "plot.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -88,7 +88,7 @@ def test_headless_or_failing_server_never_breaks_sampling(comfy, monkeypatch, in
 def test_the_metric_is_named_by_the_chains_deciders_and_a_secondary_one_only_alone(comfy):
     """The plot's axis and the live text name the metric each decider declares; the Guidance Cache's is named only
     where no step or block cache reports one, and two deciders measuring different things give the generic name."""
-    report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
+    report, ic = comfy.module("nodes.summary.report"), comfy.module("interceptors")
 
     def name(*interceptors):
         return report.RunReport("node", ic.InterceptorChain.of(list(interceptors))).metric_name
@@ -104,8 +104,8 @@ def test_the_metric_is_named_by_the_chains_deciders_and_a_secondary_one_only_alo
 def test_the_threshold_says_what_it_means_where_a_middle_tier_runs_the_back_blocks(comfy):
     """Verified Block Cache forecasts everything below its threshold and, up to refresh_ratio times it, still runs
     the back blocks: the plot's legend and the live text say so; every other decider skips below its threshold."""
-    report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
-    plot = comfy.module("nodes.plot")
+    report, ic = comfy.module("nodes.summary.report"), comfy.module("interceptors")
+    plot = comfy.module("nodes.summary.plot")
 
     def rule(*interceptors):
         return report.RunReport("node", ic.InterceptorChain.of(list(interceptors))).threshold_rule

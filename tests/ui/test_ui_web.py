@@ -85,9 +85,9 @@ def translate(tmp_path, texts):
 def test_the_extension_translates_every_fixed_phrase_of_the_live_text(comfy, tmp_path):
     """The server's live lines (English, over the progress-text channel), as a real run sends them and for every
     metric name: in Chinese no English phrase is left and the numbers are the same; in English they are as sent.
-    A change of wording in nodes/report.py that the extension does not know fails here."""
+    A change of wording in nodes/summary/report.py that the extension does not know fails here."""
     from cached_sampler_dev.support.graphs import tiny_prompt
-    report, ic = comfy.module("nodes.report"), comfy.module("interceptors")
+    report, ic = comfy.module("nodes.summary.report"), comfy.module("interceptors")
     comfy.run(tiny_prompt(steps=12))
     texts = [t for node, t in comfy.server.progress_texts if node == "sampler"][:-1]  # the last is the summary
     assert len(texts) == 12

@@ -15,7 +15,8 @@ Everything runs through ComfyUI's executor on API-format prompts, in one process
 
 Writes bench/results.md, bench/results.json and bench/pareto.png (see docs/measured-results.md). With
 ``--model video`` the same rows are measured on the pack's tiny Wan 2.1 video model (moving shapes, one video
-per class, 28 steps) into bench/results_video.md, results_video.json and pareto_video.png.
+per class, 28 steps) into bench/results_video.md, results_video.json and pareto_video.png; with ``--model photos``
+on the pack's tiny Flux photos model (crops of two photographs, one picture per class) into results_photos.*.
 
     python3 -m cached_sampler_dev.bench.bench            # the full bench (about 35-40 minutes on 2 CPU cores)
     python3 -m cached_sampler_dev.bench.bench --quick    # a 1-2 minute smoke run
@@ -61,9 +62,10 @@ def parse_args(argv=None) -> Config:
     p.add_argument("--dbcache-presets", help="DBCache presets, comma-separated (default F1B1; known: "
                    + ", ".join(DBCACHE_PRESETS) + ")")
     p.add_argument("--seed", type=int)
-    p.add_argument("--model", choices=["digits", "video"], default="digits",
-                   help="the measured model: the tiny Flux digits model, or the tiny Wan 2.1 video model (moving "
-                        "shapes; 28 steps unless --steps, no overhead workload, results_video.* files)")
+    p.add_argument("--model", choices=["digits", "video", "photos"], default="digits",
+                   help="the measured model: the tiny Flux digits model, the tiny Wan 2.1 video model (moving "
+                        "shapes; 28 steps unless --steps, no overhead workload, results_video.* files) or the tiny "
+                        "Flux photos model (crops of two photographs; no overhead workload, results_photos.* files)")
     p.add_argument("--no-overhead", action="store_true", help="skip the heavy-model overhead workload")
     p.add_argument("--overhead-repeats", type=int, help="timing rounds on the heavy model (default 5)")
     p.add_argument("--overhead-steps", type=int, help="steps on the heavy model (default 8)")
@@ -96,6 +98,7 @@ def parse_args(argv=None) -> Config:
     c.model = a.model
     if a.model == "video":
         c.steps = [28]
+    if a.model != "digits":
         c.overhead = False  # measured on the heavy random-weight Flux, whatever model is measured
     if a.extend is not None:
         c.extend = a.extend

@@ -96,8 +96,8 @@ class Config:
     scheduler: str = "simple"
     seed: int = 0
     digits: str = "0123456789"
-    model: str = "digits"                # "digits" (the tiny Flux) or "video" (the tiny Wan 2.1 video model)
-    classes: str = "01234567"            # the video model's classes, one video each
+    model: str = "digits"                # "digits" (the tiny Flux), "video" (the tiny Wan 2.1) or "photos" (Flux)
+    classes: str = "01234567"            # the video or photos model's classes, one video or picture each
     repeats: list = dataclasses.field(default_factory=lambda: [1])  # timing rounds per step count (last repeats)
     taylorseer: list = dataclasses.field(default_factory=lambda: [1, 2])
     spectrum: bool = True                # also chain the pack's Spectrum Forecast after each pack decider
@@ -201,8 +201,8 @@ def load_other_packs(comfy) -> list[str]:
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith((".", "__")) or entry.name.endswith((".example", ".disabled")):
             continue
-        if entry.is_dir() and (entry / "nodes" / "digits_model.py").is_file():
-            continue  # another copy of this pack
+        if entry.is_dir() and any((entry / "nodes" / f).exists() for f in ("demo_models", "digits_model.py")):
+            continue  # another copy of this pack (or an older one)
         if entry.is_file() and entry.suffix != ".py":
             continue
         try:

@@ -75,7 +75,7 @@ class BenchRandomFlux:
         import importlib
 
         from ..support.tiny_models import init_weights
-        digits_model = importlib.import_module(f"{_PACK}.nodes.digits_model")
+        digits_model = importlib.import_module(f"{_PACK}.nodes.demo_models.digits")
         config = dict(digits_model.DEFAULT_UNET_CONFIG)
         head = hidden_size // num_heads
         rope = [head - 2 * (3 * head // 8), 3 * head // 8, 3 * head // 8]

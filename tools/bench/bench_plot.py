@@ -169,10 +169,11 @@ def pareto(results: dict, path: Path, panel=(600, 470)) -> Path:
     d = ImageDraw.Draw(img)
     title_font, font, small = _font(20), _font(15), _font(13)
     meta = results["meta"]
-    video = meta.get("model", "digits") == "video"
-    title = (f"PSNR against transformer-block work: tiny {'Wan 2.1 video' if video else 'Flux digits'} model, "
-             f"{meta['sampler']}, cfg {meta['cfg']:g}, batch {len(meta['classes'] if video else meta['digits'])}, "
-             f"seed {meta['seed']}")
+    model = meta.get("model", "digits")
+    name = {"video": "Wan 2.1 video", "photos": "Flux photos"}.get(model, "Flux digits")
+    batch = len(meta["digits"] if model == "digits" else meta["classes"])
+    title = (f"PSNR against transformer-block work: tiny {name} model, "
+             f"{meta['sampler']}, cfg {meta['cfg']:g}, batch {batch}, seed {meta['seed']}")
     tw, _ = _text_size(d, title, title_font)
     d.text(((width * s - tw) / 2, 10 * s), title, fill="black", font=title_font)
 

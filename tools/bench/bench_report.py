@@ -25,6 +25,10 @@ def output_names(results: dict) -> tuple[str, str, str]:
 
 def _workload_text(results: dict) -> str:
     meta = results["meta"]
+    if meta.get("model", "digits") == "photos":
+        return (f"Workload: the pack's tiny Flux trained on crops of two photographs (Tiny Photos Model node), one "
+                f"48x48 picture per class (batch {len(meta['classes'])}), {meta['sampler']}/{meta['scheduler']}, "
+                f"cfg {meta['cfg']:g}, seed {meta['seed']}, decoded by its fixed lossy decoder. ")
     if meta.get("model", "digits") == "video":
         return (f"Workload: the pack's tiny Wan 2.1 video model trained on moving shapes (Tiny Video Model node), "
                 f"one 8-frame 32x32 video per class (batch {len(meta['classes'])}), {meta['sampler']}/"
@@ -36,6 +40,9 @@ def _workload_text(results: dict) -> str:
 
 
 def _accuracy_text(results: dict) -> str:
+    if results["meta"].get("model", "digits") == "photos":
+        return ("the decoded images against the uncached run; k-NN column = share of pictures whose colour and "
+                "texture statistics are nearest to the prompted class's training crops (uncached: ")
     if results["meta"].get("model", "digits") == "video":
         return ("the decoded frames against the uncached run (every frame of every video); k-NN column = share of "
                 "videos whose colour and shape, recovered from the decoded frames, are the prompted class's (the "

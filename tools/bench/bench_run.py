@@ -60,7 +60,10 @@ def video_workload(config: Config) -> Workload:
 
 
 def measured_workload(config: Config) -> Workload:
-    """The model the bench measures: the digits model, or the video model (``config.model``)."""
+    """The model the bench measures: the digits model, the video model or the photos model (``config.model``)."""
+    if config.model == "photos":
+        nodes = {"photos": {"class_type": "CachedSamplerPhotosModel", "inputs": {"classes": config.classes}}}
+        return Workload("photos", nodes, ["photos", 0], ["photos", 1], ["photos", 2], ["photos", 3], ["photos", 4])
     return video_workload(config) if config.model == "video" else digits_workload(config)
 
 
@@ -143,8 +146,9 @@ class Bench:
         self.log = log if config.verbose else (lambda *_: None)
         self.nodes = nodes
         bench_nodes.register(nodes, comfy.pack.__name__)
-        self.digits_model = comfy.module("nodes.digits_model")
-        self.video_model = comfy.module("nodes.video_model") if config.model == "video" else None
+        self.digits_model = comfy.module("nodes.demo_models.digits")
+        self.video_model = comfy.module("nodes.demo_models.video") if config.model == "video" else None
+        self.photos_model = comfy.module("nodes.demo_models.photos") if config.model == "photos" else None
         self.executor = comfy.executor(cache=True)
         self._n = 0
 
@@ -189,13 +193,17 @@ class Bench:
     # -- quality / work / speed on the measured model -----------------------------------------------
     def decode(self, latent: torch.Tensor) -> torch.Tensor:
         """The measured model's decoded images (for the video model: every frame of every video)."""
-        model = self.video_model or self.digits_model
+        model = self.video_model or self.photos_model or self.digits_model
         return model.decode(latent.float())
 
     def accuracy(self, latent: torch.Tensor) -> float:
         """Share of the batch recognised as its prompted class: a k-NN on sklearn's digits for the digits
         model; for the video model, the colour and the shape recovered from the decoded frames (what it learned of
-        its class; the direction of motion it did not learn)."""
+        its class; the direction of motion it did not learn); for the photos model, the share whose colour and texture
+        statistics are nearest to their class's training crops."""
+        if self.photos_model is not None:
+            labels = [int(c) for c in self.config.classes]
+            return self.photos_model.class_accuracy(self.photos_model.decode_images(latent.float()), labels)
         if self.video_model is not None:
             labels = [int(c) for c in self.config.classes]
             return self.video_model.learned_accuracy(self.video_model.decode_videos(latent.float()), labels)

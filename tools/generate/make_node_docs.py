@@ -175,6 +175,15 @@ PROSE: dict[str, dict] = {
         ],
         "after": ["Nothing; connect its VAE to a VAE Decode and a Preview Image to see the frames."],
     },
+    "CachedSamplerPhotosModel": {
+        "when": [
+            "For trying caching settings on natural images, in seconds on any machine: a complete text-to-image setup "
+            "(model, conditioning, an empty latent and a lossy decoder) around the pack's bundled 2.3M-parameter Flux "
+            "trained on crops of two photographs. Its textures change more from step to step than the digits do, so "
+            "a setting that holds here is likelier to hold on real pictures. Not for making pictures.",
+        ],
+        "after": ["Nothing; connect its VAE to a VAE Decode and a Preview Image to see the pictures."],
+    },
 }
 
 

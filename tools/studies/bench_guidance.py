@@ -78,7 +78,7 @@ class Runner:
         comfy.utils.PROGRESS_BAR_ENABLED = False
         import nodes
         bench_nodes.register(nodes, self.comfy.pack.__name__)
-        self.digits = self.comfy.module("nodes.digits_model")
+        self.digits = self.comfy.module("nodes.demo_models.digits")
         self.executor = self.comfy.executor(cache=True)
         self.args = args
         self.n = 0

@@ -218,7 +218,7 @@ def main(argv=None) -> int:
     global lagrange
     lagrange = app.module("interceptors.methods.taylorseer").lagrange_weights
 
-    digits = Workload(app.module("nodes.digits_model"), list(range(10)), digits_decode)
+    digits = Workload(app.module("nodes.demo_models.digits"), list(range(10)), digits_decode)
     plans = {"6 of 28 (every 5th)": every(5)} if args.quick else {
         "5 of 28 (every 6th)": every(6), "6 of 28 (every 5th)": every(5), "7 of 28 (every 4th)": every(4)}
     held_out = HELD_OUT[:1] if args.quick else HELD_OUT
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
     print(f"\nThe loop against the pack (seed {held_out[0]}, TaylorSeer o1): "
           + "; ".join(f"{p}: loop {base[p][0]:.2f} dB, Cached Sampler {check[p]:.2f} dB" for p in plans) + ".\n")
 
-    video_module = app.module("nodes.video_model")
+    video_module = app.module("nodes.demo_models.video")
     video = Workload(video_module, list(range(8)), video_module.decode)
     seeds = (0, 1) if args.quick else (0, 1, 2, 3, 4, 5)
     ic = app.module("interceptors")

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     from .calibration_spaces import start_study
     app, ic, _ = start_study()
-    module = app.module("nodes.video_model")
+    module = app.module("nodes.demo_models.video")
     video = Workload(module, list(range(8)), module.decode)
     seeds = (0, 1) if args.quick else (0, 1, 2, 3, 4, 5)
     cadences = CADENCES[1:2] if args.quick else CADENCES

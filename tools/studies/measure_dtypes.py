@@ -56,7 +56,7 @@ def variants(ic):
 
 def measure(comfy) -> list[dict]:
     import comfy.sample as comfy_sample
-    dm, ic, adapter = comfy.module("nodes.digits_model"), comfy.module("interceptors"), comfy.module("adapter")
+    dm, ic, adapter = comfy.module("nodes.demo_models.digits"), comfy.module("interceptors"), comfy.module("adapter")
     labels = list(range(10))
     positive, negative = dm.class_conditioning(labels)
     deciders = {"First Block Cache 0.25": lambda: ic.FirstBlockCache(threshold=0.25),

@@ -41,6 +41,7 @@ from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE_NAME = "cached_sampler_pack"
+STANDALONE_PACKAGE = "tiny_demo_models"  # nodes/demo_models when the pack cannot be imported
 ASSETS = os.path.join(ROOT, "assets")
 
 
@@ -63,31 +64,36 @@ def import_comfy():
     import_headless(Path(path))
 
 
-def _load_standalone(name, file_path):
-    spec = importlib.util.spec_from_file_location(name, file_path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def import_demo_model(name):
+    """Import ``nodes.demo_models.<name>`` as part of the pack, or with its folder loaded as a package of its own
+    (it imports nothing else of the pack)."""
+    init = os.path.join(ROOT, "__init__.py")
+    if os.path.isfile(init) and STANDALONE_PACKAGE not in sys.modules:
+        try:
+            if PACKAGE_NAME not in sys.modules:
+                spec = importlib.util.spec_from_file_location(
+                    PACKAGE_NAME, init, submodule_search_locations=[ROOT])
+                package = importlib.util.module_from_spec(spec)
+                sys.modules[PACKAGE_NAME] = package
+                spec.loader.exec_module(package)
+            return importlib.import_module(f"{PACKAGE_NAME}.nodes.demo_models.{name}")
+        except Exception as exc:  # pack not importable yet: use the folder directly
+            print(f"note: pack import failed ({exc!r}); loading the demo models standalone")
+            for key in [k for k in sys.modules if k.split(".")[0] == PACKAGE_NAME]:
+                del sys.modules[key]
+    if STANDALONE_PACKAGE not in sys.modules:
+        folder = os.path.join(ROOT, "nodes", "demo_models")
+        spec = importlib.util.spec_from_file_location(
+            STANDALONE_PACKAGE, os.path.join(folder, "__init__.py"), submodule_search_locations=[folder])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[STANDALONE_PACKAGE] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{STANDALONE_PACKAGE}.{name}")
 
 
 def import_digits_model():
-    """Import ``nodes.digits_model`` as part of the pack, or standalone."""
-    init = os.path.join(ROOT, "__init__.py")
-    if os.path.isfile(init):
-        try:
-            spec = importlib.util.spec_from_file_location(
-                PACKAGE_NAME, init, submodule_search_locations=[ROOT])
-            package = importlib.util.module_from_spec(spec)
-            sys.modules[PACKAGE_NAME] = package
-            spec.loader.exec_module(package)
-            return importlib.import_module(PACKAGE_NAME + ".nodes.digits_model")
-        except Exception as exc:  # pack not importable yet: use the file directly
-            print(f"note: pack import failed ({exc!r}); loading digits_model standalone")
-            for key in [k for k in sys.modules if k.split(".")[0] == PACKAGE_NAME]:
-                del sys.modules[key]
-    return _load_standalone("tiny_flux_digits_model",
-                            os.path.join(ROOT, "nodes", "digits_model.py"))
+    """Import the digits model (``nodes/demo_models/digits.py``)."""
+    return import_demo_model("digits")
 
 
 # --------------------------------------------- training-only patches ----
@@ -186,6 +192,14 @@ def check_patches_exact(net, x, t, context, pooled):
     return err
 
 
+def flux_checkpoint_names(state):
+    """``state`` with Flux's RMSNorm gains under their checkpoint name ``scale``, which every supported ComfyUI
+    loads (newer ones name the parameter ``weight`` and convert ``scale`` in ``process_unet_state_dict``; older ones
+    know only ``scale``)."""
+    suffixes = ("query_norm.weight", "key_norm.weight")
+    return {(k[:-len("weight")] + "scale" if k.endswith(suffixes) else k): v for k, v in state.items()}
+
+
 def train(dm, args):
     """Train and return (ema_state_dict, tables, info)."""
     import torch
@@ -254,7 +268,7 @@ def train(dm, args):
     err = check_patches_exact(net, probe, torch.rand(8, generator=gen), context[:8], pooled[:8])
     print(f"patched training forward matches ComfyUI's own (max abs err {err:.1e})")
     names = [n for n, _ in net.named_parameters()]
-    state = {n: e.contiguous() for n, e in zip(names, ema)}
+    state = flux_checkpoint_names({n: e.contiguous() for n, e in zip(names, ema)})
     tail = losses[-100:]
     info = {"train_steps": step, "train_seconds": round(seconds, 1),
             "final_loss": round(sum(tail) / len(tail), 5)}

@@ -4,8 +4,8 @@
 Recipe
 ------
 * Model: ComfyUI's own ``comfy.ldm.wan.model.WanModel`` through ``comfy.supported_models.WAN21_T2V`` (FLOW,
-  multiplier 1000; sampling shift 3 for the small clip), at the tiny size of ``nodes/video_model.py``'s ``DEFAULT_UNET_CONFIG``.
-* Data: fresh procedurally generated videos every step (``video_model.make_videos``: a disc or square
+  multiplier 1000; sampling shift 3 for the small clip), at the tiny size of ``nodes/demo_models/video.py``'s ``DEFAULT_UNET_CONFIG``.
+* Data: fresh procedurally generated videos every step (``video.make_videos``: a disc or square
   moving right/left/down/up, 8 frames of 32x32 RGB), encoded by the fixed lossy decoder's projection.
 * Rectified flow (Liu et al. 2022): ``x_t = (1 - t) x0 + t eps``, the network predicts ``eps - x0`` at
   ``timestep = 1000 t``, what ComfyUI's FLOW sampling expects of Wan. ``t``: a third uniform, a third
@@ -28,10 +28,8 @@ direction, recovered from the decoded frames, are the prompted class's, at cfg 3
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,15 +39,8 @@ from . import train_digits_model as common  # noqa: E402  (beside it: ComfyUI im
 
 
 def import_video_model():
-    """Import ``nodes.video_model`` as part of the pack, or standalone."""
-    common.import_digits_model()
-    name = common.PACKAGE_NAME + ".nodes.video_model"
-    if common.PACKAGE_NAME in sys.modules:
-        try:
-            return importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001
-            print(f"note: pack import failed ({exc!r}); loading video_model standalone")
-    return common._load_standalone("tiny_wan_video_model", os.path.join(ROOT, "nodes", "video_model.py"))
+    """Import the video model (``nodes/demo_models/video.py``)."""
+    return common.import_demo_model("video")
 
 
 # --------------------------------------------- training-only patches ----
@@ -173,7 +164,7 @@ def save(path, state, tables, config, info, args):
         "model_config_class": "comfy.supported_models.WAN21_T2V",
         "recipe": "rectified flow (eps - x0 target, timestep 1000 t), t 1/3 uniform, 1/3 logit-normal, "
                   "1/3 shift-3 uniform, 10% label dropout, AdamW cosine, EMA",
-        "data": "procedural moving shapes (nodes/video_model.py make_videos), 8 frames 32x32 RGB",
+        "data": "procedural moving shapes (nodes/demo_models/video.py make_videos), 8 frames 32x32 RGB",
         "classes": json.dumps(list(CLASSES_FROM_MODULE)),
     })
 

@@ -28,17 +28,13 @@ an EmptyLatentImage-shaped latent (64x64 pixels -> 16x8x8) works unchanged.
 """
 
 import functools
-import json
-import os
 
 import torch
 import torch.nn.functional as F
 
-WEIGHTS_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "assets",
-    "tiny_flux_digits.safetensors",
-)
+from . import loader
+
+WEIGHTS_PATH = loader.asset_path("tiny_flux_digits.safetensors")
 
 DEFAULT_UNET_CONFIG = {
     "image_model": "flux",
@@ -77,43 +73,6 @@ def latent_format():
     return comfy.latent_formats.Flux()
 
 
-_ZERO_INIT_SUFFIXES = ("_mod.lin", "modulation.lin", "adaLN_modulation.1", "final_layer.linear")
-
-
-def init_weights(diffusion_model, std=0.02):
-    """Initialise a ComfyUI Flux network in place (ComfyUI ops skip init).
-
-    Linear weights ~ N(0, std), biases 0, RMSNorm scales 1, and adaLN-Zero
-    style zeros for every modulation layer and the final projection
-    (Peebles & Xie 2023) so each block starts as the identity.
-    """
-    with torch.no_grad():
-        for name, p in diffusion_model.named_parameters():
-            if name.endswith((".scale", "_norm.weight")):  # RMSNorm gains: `scale`, `weight` in newer ComfyUI
-                p.fill_(1.0)
-            elif p.ndim >= 2:
-                p.normal_(0.0, std)
-            else:
-                p.zero_()
-        for name, module in diffusion_model.named_modules():
-            if name.endswith(_ZERO_INIT_SUFFIXES):
-                for p in module.parameters():
-                    p.zero_()
-    return diffusion_model
-
-
-@functools.lru_cache(maxsize=1)
-def _digits_config_class(flux, flux_schnell):
-    """A Flux config with FluxSchnell's sampling (the FLOW model type, multiplier 1, shift 1: ComfyUI's own
-    settings and ``get_model``, borrowed), under its own name and not a subclass of FluxSchnell: the digits
-    model is trained for many-step sampling, not step-distilled like Flux schnell, and the pack recognises a
-    distilled config by its ancestry."""
-    return type("DigitsFlux", (flux,), {"__doc__": "Tiny many-step Flux trained on 8x8 digits.",
-                                        "unet_config": dict(flux_schnell.unet_config),
-                                        "sampling_settings": dict(flux_schnell.sampling_settings),
-                                        "get_model": flux_schnell.get_model})
-
-
 def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.float32):
     """Build a tiny Flux model through ComfyUI's real classes.
 
@@ -123,35 +82,9 @@ def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.flo
     ComfyUI runs a model on a GPU that supports them).  Weights are freshly initialised unless
     ``initialise`` is False.
     """
-    import comfy.model_patcher
-    import comfy.supported_models
-
     config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
-    model_config = _digits_config_class(comfy.supported_models.Flux, comfy.supported_models.FluxSchnell)(config)
-    model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({})
-    if initialise:
-        init_weights(model.diffusion_model)
-    model.eval()
-    device = torch.device(device)
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
-
-
-def _read_file(path):
-    """Return (tensors, metadata) of a safetensors file."""
-    from safetensors import safe_open
-
-    tensors = {}
-    with safe_open(path, framework="pt") as f:
-        metadata = f.metadata() or {}
-        for key in f.keys():
-            tensors[key] = f.get_tensor(key)
-    return tensors, metadata
-
-
-@functools.lru_cache(maxsize=4)
-def _load_file_cached(path):
-    return _read_file(path)
+    model_config = loader.many_step_flux_config("DigitsFlux", "Tiny many-step Flux trained on 8x8 digits.")(config)
+    return loader.build_patcher(model_config, device, dtype, loader.init_flux_weights if initialise else None)
 
 
 def load_tables(path=None):
@@ -160,56 +93,24 @@ def load_tables(path=None):
     Returns a dict with ``class_context`` [10, L, 32], ``class_pooled``
     [10, 32], ``latent_mean`` [16] and ``latent_std`` [16].
     """
-    tensors, _ = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
-    keys = ("class_context", "class_pooled", "latent_mean", "latent_std")
-    return {k: tensors[k].clone() for k in keys}
+    return loader.load_tables(path or WEIGHTS_PATH, ("class_context", "class_pooled", "latent_mean", "latent_std"))
 
 
 def load_model(path=None, device="cpu", dtype=torch.float32):
-    """Load the committed model as a ComfyUI ModelPatcher ready to sample.
-
-    The UNet config is read from the file metadata (``unet_config``), the
-    network is built with :func:`build_model`, and the weights stored under
-    ``diffusion_model.*`` go through the running ComfyUI's own state-dict
-    conversion for the model's config (``process_unet_state_dict``, which maps
-    the names of older checkpoints, such as Flux's RMSNorm ``scale`` that became
-    ``weight``) before they are loaded strictly: every weight must find its
-    place, on every ComfyUI version.
-    """
-    tensors, metadata = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
-    config = json.loads(metadata["unet_config"])
-    patcher = build_model(config, device=device, initialise=False, dtype=dtype)
-    prefix = "diffusion_model."
-    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    model = patcher.model
-    model.diffusion_model.load_state_dict(model.model_config.process_unet_state_dict(state), strict=True)
-    return patcher
+    """Load the committed model as a ComfyUI ModelPatcher ready to sample (:func:`loader.load_model`)."""
+    return loader.load_model(path or WEIGHTS_PATH, build_model, device=device, dtype=dtype)
 
 
 # --------------------------------------------------------- conditioning ----
 
 def make_class_tables(seed=1234, tokens=CONTEXT_TOKENS, dim=32):
     """Fresh frozen random class embeddings: (context [10,L,dim], pooled [10,dim])."""
-    g = torch.Generator().manual_seed(seed)
-    context = torch.randn(NUM_CLASSES, tokens, dim, generator=g)
-    pooled = torch.randn(NUM_CLASSES, dim, generator=g)
-    return context, pooled
+    return loader.make_flux_class_tables(NUM_CLASSES, seed, tokens, dim)
 
 
 def class_conditioning(labels, tables=None):
-    """ComfyUI CONDITIONING (positive, negative) for a list of digit labels.
-
-    positive: ``[[context[B, L, 32], {"pooled_output": pooled[B, 32]}]]``
-    from the frozen class table; negative: the same shapes filled with
-    zeros (the unconditional input used for label dropout in training).
-    """
-    tables = tables or load_tables()
-    idx = torch.as_tensor(list(labels), dtype=torch.long)
-    context = tables["class_context"][idx]
-    pooled = tables["class_pooled"][idx]
-    positive = [[context, {"pooled_output": pooled}]]
-    negative = [[torch.zeros_like(context), {"pooled_output": torch.zeros_like(pooled)}]]
-    return positive, negative
+    """ComfyUI CONDITIONING (positive, negative) for a list of digit labels (:func:`loader.flux_class_conditioning`)."""
+    return loader.flux_class_conditioning(labels, tables or load_tables())
 
 
 # ------------------------------------------------------------ "VAE" ----
@@ -313,14 +214,8 @@ def sample_digits(model, labels, steps=20, cfg=3.0, seed=0, sampler="euler",
                   scheduler="simple", tables=None):
     """Sample one digit per label through ComfyUI's KSampler code path.
 
-    Mirrors ``nodes.common_ksampler``: empty latent -> channel fix ->
-    ``comfy.sample.prepare_noise`` -> ``comfy.sample.sample``.  Returns the
+    Mirrors ``nodes.common_ksampler`` (:func:`loader.sample`).  Returns the
     ComfyUI-space latent [B, 16, 8, 8].
     """
-    import comfy.sample
-
     positive, negative = class_conditioning(labels, tables)
-    latent = comfy.sample.fix_empty_latent_channels(model, empty_latent(len(labels)))
-    noise = comfy.sample.prepare_noise(latent, seed)
-    return comfy.sample.sample(model, noise, steps, cfg, sampler, scheduler, positive,
-                               negative, latent, denoise=1.0, disable_pbar=True, seed=seed)
+    return loader.sample(model, positive, negative, empty_latent(len(labels)), steps, cfg, seed, sampler, scheduler)

@@ -27,18 +27,14 @@ without ComfyUI.
 """
 
 import functools
-import json
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 
-WEIGHTS_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    "assets",
-    "tiny_wan_video.safetensors",
-)
+from . import loader
+
+WEIGHTS_PATH = loader.asset_path("tiny_wan_video.safetensors")
 
 TEXT_DIM = 32
 DEFAULT_UNET_CONFIG = {
@@ -66,8 +62,8 @@ NUM_CLASSES = len(CLASS_NAMES)
 CONTEXT_TOKENS = 4
 FRAMES = 8
 PIXELS = 32            # frame side in pixels
-PATCH = 4              # pixels per latent position (each side)
-LATENT_CHANNELS = 16
+PATCH = loader.PATCH   # pixels per latent position (each side)
+LATENT_CHANNELS = loader.LATENT_CHANNELS
 LATENT_SIZE = PIXELS // PATCH
 IMAGE_SIZE = 64        # decoded IMAGE side (nearest x2 of the 32x32 frames)
 SPEED = 2.4            # pixels per frame
@@ -124,39 +120,18 @@ def make_videos(labels, generator=None):
 
 # -------------------------------------------------------------- "VAE" ----
 
-@functools.lru_cache(maxsize=1)
-def decoder_basis():
-    """The decoder's patterns [48, 16]: orthonormal columns over one 4x4 RGB patch (RGB-major, then y, x)."""
-    n = torch.arange(PATCH, dtype=torch.float64)
-    dct = torch.stack([torch.cos(math.pi * (n + 0.5) * k / PATCH) for k in range(PATCH)])
-    dct = dct / dct.norm(dim=1, keepdim=True)  # [4 frequencies, 4 positions], orthonormal rows
-    luma = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64) / math.sqrt(3.0)
-    chroma = (torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64) / math.sqrt(2.0),
-              torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64) / math.sqrt(6.0))
-    low = [(u, v) for s in range(2 * PATCH) for u in range(PATCH) for v in range(PATCH) if u + v == s]
-    columns = []
-    for colour, frequencies in [(luma, low[:10])] + [(c, low[:3]) for c in chroma]:
-        for fu, fv in frequencies:
-            spatial = torch.outer(dct[fu], dct[fv])  # [y, x]
-            columns.append((colour.view(3, 1, 1) * spatial).reshape(-1))
-    return torch.stack(columns, dim=1).float()
-
-
 def raw_latent(videos):
-    """Unstandardised latent [B, 16, T, 8, 8] of videos [B, T, 3, 32, 32] (0..1; coded as -1..1)."""
+    """Unstandardised latent [B, 16, T, 8, 8] of videos [B, T, 3, 32, 32] (0..1; :func:`loader.patch_latent`)."""
     b, t = videos.shape[:2]
-    x = videos.float().reshape(b * t, 3, LATENT_SIZE, PATCH, LATENT_SIZE, PATCH) * 2.0 - 1.0
-    patches = x.permute(0, 2, 4, 1, 3, 5).reshape(b * t, LATENT_SIZE, LATENT_SIZE, 3 * PATCH * PATCH)
-    z = patches @ decoder_basis()  # [BT, 8, 8, 16]
-    return z.reshape(b, t, LATENT_SIZE, LATENT_SIZE, LATENT_CHANNELS).permute(0, 4, 1, 2, 3).contiguous()
+    z = loader.patch_latent(videos.reshape(b * t, 3, PIXELS, PIXELS))  # [BT, 16, 8, 8]
+    return z.reshape(b, t, LATENT_CHANNELS, LATENT_SIZE, LATENT_SIZE).transpose(1, 2).contiguous()
 
 
 def raw_decode(z):
     """Videos [B, T, 3, 32, 32] (0..1, unclamped) of unstandardised latents [B, 16, T, 8, 8]."""
     b, _, t = z.shape[:3]
-    patches = z.float().permute(0, 2, 3, 4, 1) @ decoder_basis().T  # [B, T, 8, 8, 48]
-    x = patches.reshape(b, t, LATENT_SIZE, LATENT_SIZE, 3, PATCH, PATCH).permute(0, 1, 4, 2, 5, 3, 6)
-    return (x.reshape(b, t, 3, PIXELS, PIXELS) + 1.0) / 2.0
+    frames = loader.patch_decode(z.transpose(1, 2).reshape(b * t, LATENT_CHANNELS, LATENT_SIZE, LATENT_SIZE))
+    return frames.reshape(b, t, 3, PIXELS, PIXELS)
 
 
 def latent_stats(videos):
@@ -244,56 +219,22 @@ def init_weights(diffusion_model, std=0.02, seed=None):
 def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.float32, seed=0):
     """Build the tiny Wan model through ComfyUI's real classes: a ``ModelPatcher`` wrapping
     ``comfy.model_base.WAN21`` (a ``WAN21_T2V`` config with shift 3, FLOW) computing in ``dtype``."""
-    import comfy.model_patcher
-
     config = dict(DEFAULT_UNET_CONFIG if unet_config is None else unet_config)
     for key in ("patch_size", "window_size"):
         config[key] = tuple(config[key])
-    model_config = _config_class()(config)
-    model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({})
-    if initialise:
-        init_weights(model.diffusion_model, seed=seed)
-    model.eval()
-    device = torch.device(device)
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=device)
-
-
-def _read_file(path):
-    from safetensors import safe_open
-
-    tensors = {}
-    with safe_open(path, framework="pt") as f:
-        metadata = f.metadata() or {}
-        for key in f.keys():
-            tensors[key] = f.get_tensor(key)
-    return tensors, metadata
-
-
-@functools.lru_cache(maxsize=4)
-def _load_file_cached(path):
-    return _read_file(path)
+    initialise_with_seed = (lambda net: init_weights(net, seed=seed)) if initialise else None
+    return loader.build_patcher(_config_class()(config), device, dtype, initialise_with_seed)
 
 
 def load_tables(path=None):
     """Frozen tables stored next to the weights: ``class_context`` [8, 4, 32], ``latent_mean`` [16],
     ``latent_std`` [16]."""
-    tensors, _ = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
-    return {k: tensors[k].clone() for k in ("class_context", "latent_mean", "latent_std")}
+    return loader.load_tables(path or WEIGHTS_PATH, ("class_context", "latent_mean", "latent_std"))
 
 
 def load_model(path=None, device="cpu", dtype=torch.float32):
-    """Load the committed model as a ComfyUI ModelPatcher ready to sample: the config from the file's
-    metadata, the network built with :func:`build_model`, and the ``diffusion_model.*`` weights through the
-    running ComfyUI's own conversion for the config (``process_unet_state_dict``), loaded strictly."""
-    tensors, metadata = _load_file_cached(os.path.abspath(path or WEIGHTS_PATH))
-    config = json.loads(metadata["unet_config"])
-    patcher = build_model(config, device=device, initialise=False, dtype=dtype)
-    prefix = "diffusion_model."
-    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    model = patcher.model
-    model.diffusion_model.load_state_dict(model.model_config.process_unet_state_dict(state), strict=True)
-    return patcher
+    """Load the committed model as a ComfyUI ModelPatcher ready to sample (:func:`loader.load_model`)."""
+    return loader.load_model(path or WEIGHTS_PATH, build_model, device=device, dtype=dtype)
 
 
 # --------------------------------------------------------- conditioning ----
@@ -314,11 +255,7 @@ def class_conditioning(labels, tables=None):
 
 def parse_classes(text, node="Tiny Video Model"):
     """Labels from a string of class digits 0-7 (``CLASS_NAMES``), e.g. "01234567"."""
-    labels = [int(c) for c in text if c.isdigit()]
-    if not labels or any(c not in "01234567, " for c in text):
-        raise ValueError(f"{node}: 'classes' must list classes 0-7 ("
-                         + ", ".join(f"{i} {n}" for i, n in enumerate(CLASS_NAMES)) + f"); got {text!r}.")
-    return labels
+    return loader.parse_classes(text, CLASS_NAMES, node)
 
 
 def empty_latent(batch=1):
@@ -402,10 +339,5 @@ def motion(videos):
 def sample_videos(model, labels, steps=28, cfg=3.0, seed=0, sampler="euler", scheduler="simple", tables=None):
     """Sample one video per label through ComfyUI's KSampler code path (``nodes.common_ksampler``'s
     steps); returns the ComfyUI-space latent [B, 16, 8, 8, 8]."""
-    import comfy.sample
-
     positive, negative = class_conditioning(labels, tables)
-    latent = comfy.sample.fix_empty_latent_channels(model, empty_latent(len(labels)))
-    noise = comfy.sample.prepare_noise(latent, seed)
-    return comfy.sample.sample(model, noise, steps, cfg, sampler, scheduler, positive, negative, latent,
-                               denoise=1.0, disable_pbar=True, seed=seed)
+    return loader.sample(model, positive, negative, empty_latent(len(labels)), steps, cfg, seed, sampler, scheduler)

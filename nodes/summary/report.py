@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from ..interceptors import InterceptorChain, LoopState, PlannedSchedule, RunSummary
-from ..interceptors.records import counted_in
+from ...interceptors import InterceptorChain, LoopState, PlannedSchedule, RunSummary
+from ...interceptors.records import counted_in
 from . import plot
 
 log = logging.getLogger("cached_sampler")
