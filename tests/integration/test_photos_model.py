@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-import graphs
-from devkit.work_nodes import CAPTURED, CountWork
+from cached_sampler_dev.support import graphs
+from cached_sampler_dev.devkit.work_nodes import CAPTURED, CountWork
 
 pytestmark = pytest.mark.slow
 
