@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from .base import Decider
-from .kinds import Granularity, InterceptorError
+from .kinds import LAST_STEP_COMPUTE, Granularity, InterceptorError
 from .records import Evaluation
 from .run import Run
 from .memory import Footprint
@@ -71,6 +71,24 @@ class FixedCadence(Decider):
             return True  # computed for the warm-up: the gap does not grow, as for the other forced computes
         compute = since + 1 >= int(gap)
         if compute and (self.growth or self.growth_ratio != 1.0):
-            state.gap = gap * self.growth_ratio + self.growth
+            state.gap = self._grown(gap)
         return compute
+
+    def _grown(self, gap: float) -> float:
+        return gap * self.growth_ratio + self.growth
+
+    def computed_steps(self, steps: int) -> tuple[int, ...]:
+        """The steps it computes over a run of ``steps`` steps of one evaluation each, its window the whole run: the
+        run's forced computes and :meth:`decide` together, without sampling (schedule_search's candidates)."""
+        computed: list[int] = []
+        gap = float(self.interval)
+        for step in range(steps):
+            since = step - computed[-1] - 1 if computed else 0
+            last = step == steps - 1 and self.last_step == LAST_STEP_COMPUTE
+            forced = step == 0 or step < self.warmup_steps or last or 0 <= self.max_consecutive_cached <= since
+            if not forced and since + 1 >= int(gap):
+                forced, gap = True, self._grown(gap)
+            if forced:
+                computed.append(step)
+        return tuple(computed)
 

@@ -9,6 +9,7 @@ from reachable import tensors_in
 
 ic = load_core()
 from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, from_eps, model_forward, to_eps  # noqa: E402
+from cached_sampler_pack.interceptors.schedule_search import growing_schedules  # noqa: E402
 
 SIGMAS = [1.0, 0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.0]
 
@@ -134,7 +135,8 @@ def test_every_decider_forces_the_last_step_unless_set_to_forecast_it(decider):
             run.end_evaluation()
         assert run.forced(chosen, run.begin_evaluation(SIGMAS[-2])) is forced
     # sigma 0 and the first evaluation stay forced whatever the setting
-    run = ic.LoopState(ic.InterceptorChain.of([dataclasses.replace(decider, last_step="forecast")]), [1.0, 0.5, 0.0, 0.0])
+    forecast = dataclasses.replace(decider, last_step="forecast")
+    run = ic.LoopState(ic.InterceptorChain.of([forecast]), [1.0, 0.5, 0.0, 0.0])
     decider = run.chain.deciders[0]
     assert run.forced(decider, run.begin_evaluation(1.0))
     run.end_evaluation()
@@ -155,15 +157,35 @@ def test_the_last_step_is_computed_where_nothing_is_cached_to_forecast_it():
     assert model.calls == 1
 
 
-@pytest.mark.parametrize("settings, name", [({"warmup_steps": -1}, "warmup_steps"), ({"warmup_steps": 1.5}, "warmup_steps"),
-                                            ({"growth_ratio": 0.5}, "growth_ratio"), ({"growth_ratio": 5.0}, "growth_ratio"),
-                                            ({"last_step": "skip"}, "last_step")])
+@pytest.mark.parametrize("settings, name", [
+    ({"warmup_steps": -1}, "warmup_steps"), ({"warmup_steps": 1.5}, "warmup_steps"),
+    ({"growth_ratio": 0.5}, "growth_ratio"), ({"growth_ratio": 5.0}, "growth_ratio"),
+    ({"last_step": "skip"}, "last_step")])
 def test_bad_schedule_settings_are_refused_naming_the_node_and_the_input(settings, name):
     with pytest.raises(ic.InterceptorError, match=rf"'Fixed Cadence \(node 4\)': '{name}'"):
         ic.InterceptorChain.of([ic.FixedCadence(interval=2, node="Fixed Cadence (node 4)", **settings)])
     if name == "last_step":  # a setting of every decider
         with pytest.raises(ic.InterceptorError, match=r"'Adaptive Cache \(node 2\)': 'last_step'"):
             ic.InterceptorChain.of([ic.AdaptiveCache(node="Adaptive Cache (node 2)", **settings)])
+
+
+def test_the_growing_schedules_are_what_fixed_cadence_computes():
+    schedules = growing_schedules(28, 8)
+    assert (0, 1, 2, 4, 7, 11, 16, 22) in schedules, "Spectrum's schedule is among the candidates of 8 of 28"
+    for steps, cadence in schedules.items():
+        # the last step is computed only where a gap lands on it
+        assert len(steps) == 8 and cadence.last_step == "forecast"
+        assert computed_evaluations(cadence, 28) == list(steps)
+    # the candidates of every budget have that budget
+    for b in (3, 6, 12):
+        assert all(len(steps) == b for steps in growing_schedules(28, b))
+
+    # and the step lists of settings beyond them, with the last step computed or forecast
+    for settings in ({"interval": 2, "growth": 1.0, "warmup_steps": 3}, {"interval": 3, "growth_ratio": 1.5},
+                     {"interval": 2, "growth": 0.5, "max_consecutive_cached": 2}):
+        for last_step in ("compute", "forecast"):
+            cadence = ic.FixedCadence(last_step=last_step, **settings)
+            assert list(cadence.computed_steps(28)) == computed_evaluations(cadence, 28), (settings, last_step)
 
 
 def test_interval_1_is_bit_identical_to_no_chain():
