@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ["tools/bench/bench.py", "tools/bench/bench_gpu.py", "tools/studies/bench_guidance.py",
            "tools/studies/calibration_spaces.py", "tools/studies/forecast_limits.py", "tools/studies/hook_costs.py",
            "tools/studies/guidance_on_cadence.py", "tools/studies/held_out_seeds.py", "tools/studies/partial_refresh.py",
+           "tools/studies/schedules.py",
            "tools/generate/families_table.py",
            "tools/generate/make_memory_table.py", "tools/training/train_digits_model.py",
            "tools/devkit/workflow_api.py"]
