@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from .cards import ModelCard
-from .kinds import Granularity, InterceptorError, Role, Signal, check_range
+from .kinds import LAST_STEP_CHOICES, LAST_STEP_COMPUTE, Granularity, InterceptorError, Role, Signal, check_range
 from .memory import Footprint
 from .metrics import Measure
 from .records import Evaluation, Forward
@@ -146,8 +146,8 @@ class Decider(Interceptor):
 
     The settings every decider has, enforced by the run before its rule is asked (``LoopState.forced``): the
     ``start_percent``/``end_percent`` window, and ``max_consecutive_cached``, the most evaluations in a row whose
-    work it may skip (-1: no limit). The first evaluation, sigma 0 and (unless ``forces_last_step`` is False) the
-    last step are computed too.
+    work it may skip (-1: no limit). The first evaluation, sigma 0 and (unless ``forces_last_step`` is False or
+    ``last_step`` is "forecast") the last step are computed too.
 
     Block vocabulary, used throughout the core: the *front* blocks (the papers' Fn, DBCache's "first n") always
     run and their residual is the *probe*; the *back* blocks (Bn, "last n") always run too; the blocks between
@@ -157,8 +157,12 @@ class Decider(Interceptor):
     start_percent: float = 0.0
     end_percent: float = 1.0
     max_consecutive_cached: int = -1
+    last_step: str = LAST_STEP_COMPUTE  # "forecast": the rule decides the last step too (kinds.LAST_STEP_CHOICES)
 
     def validate(self) -> None:
+        if self.last_step not in LAST_STEP_CHOICES:
+            raise InterceptorError(f"{self.label}: 'last_step' must be one of {', '.join(LAST_STEP_CHOICES)}, "
+                                   f"got {self.last_step!r}.")
         check_range(self.label, "start_percent", self.start_percent, 0.0, 1.0)
         check_range(self.label, "end_percent", self.end_percent, 0.0, 1.0)
         check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)

@@ -10,7 +10,7 @@ import torch
 
 from .base import Decider
 from .chain import InterceptorChain
-from .kinds import Granularity, Signal
+from .kinds import LAST_STEP_COMPUTE, Granularity, Signal
 from .records import BranchKey, DecisionRecord, Evaluation
 
 
@@ -75,11 +75,13 @@ class Decisions:
                      f"the steps it skipped")
 
     def forced(self, decider: Decider, ev: Evaluation) -> bool:
-        """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step,
-        sigma 0, every evaluation outside its start/end percent window, and the one after its
-        ``max_consecutive_cached`` skipped evaluations in a row."""
+        """Whether ``decider`` must compute in ``ev`` whatever its rule says: the first evaluation, the last step
+        (unless the decider's ``last_step`` setting or its class says it may be forecast), sigma 0, every evaluation
+        outside its start/end percent window, and the one after its ``max_consecutive_cached`` skipped evaluations
+        in a row. A skip the rule wishes where a branch has nothing cached yet is computed by the engine anyway."""
         limit = decider.max_consecutive_cached
-        return (ev.index == 0 or (ev.is_last_step and decider.forces_last_step) or ev.sigma == 0
+        last = ev.is_last_step and decider.forces_last_step and decider.last_step == LAST_STEP_COMPUTE
+        return (ev.index == 0 or last or ev.sigma == 0
                 or not self.in_window(decider, ev)
                 or 0 <= limit <= self.records[decider.id].consecutive_skips)
 

@@ -72,6 +72,12 @@ def check_range(node: str, name: str, value: float, low: float | None = None, hi
         raise InterceptorError(f"{node}: '{name}' must be at most {high}, got {value}.")
 
 
+# What a decider does on the run's last step (``Decider.last_step``): compute it whatever its rule says (the default),
+# or let its rule decide, so the last step may be forecast like any other.
+LAST_STEP_COMPUTE, LAST_STEP_FORECAST = "compute", "forecast"
+LAST_STEP_CHOICES = (LAST_STEP_COMPUTE, LAST_STEP_FORECAST)
+
+
 # The guider's cond index of each branch in a CFG step (ComfyUI's ``cond_or_uncond``): 0 the positive
 # conditioning, 1 the negative one. Engine and methods tell branches apart by these, never by display names.
 POSITIVE, NEGATIVE = 0, 1

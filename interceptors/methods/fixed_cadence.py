@@ -9,19 +9,28 @@ code's ``window_size`` and ``flex_window``): the gap starts at ``interval`` and 
 evaluation the cadence computes, the gap used being its whole part, so the computed evaluations thin out
 as the image settles. Evaluations computed for another reason (the first, the last step, outside the
 start/end window, a branch without a cache yet) do not grow it, as the reference's warm-up steps do not.
+``growth_ratio`` makes the gap grow geometrically instead (or as well): after each computed evaluation the gap
+becomes ``gap * growth_ratio + growth``.
+
+``warmup_steps`` computes the first N steps of the model's schedule, as Spectrum's reference computes its first
+three before the cadence starts; like the other forced computes they do not grow the gap. Spectrum's own schedule,
+steps 0, 1, 2, 4, 7, 11, 16, 22 of 28 with the last step forecast, is ``warmup_steps`` 3, ``interval`` 2,
+``growth`` 1 and ``last_step`` "forecast" (the setting every decider has).
 """
 from __future__ import annotations
 
 import dataclasses
 
 from ..base import Decider
-from ..kinds import Cached, Granularity, InterceptorError
+from ..kinds import LAST_STEP_COMPUTE, Cached, Granularity, InterceptorError
 from ..records import Evaluation
 from ..run import Run
 from ..memory import Footprint
 from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs
 
 MAX_GROWTH = 16.0  # the largest growth of the interval per computed step
+MAX_GROWTH_RATIO = 4.0  # the largest factor of the interval per computed step
+MAX_WARMUP_STEPS = 10000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +45,8 @@ class FixedCadence(Decider):
 
     interval: int = 2
     growth: float = 0.0
+    warmup_steps: int = 0
+    growth_ratio: float = 1.0
 
     @dataclasses.dataclass
     class RunState:
@@ -47,16 +58,42 @@ class FixedCadence(Decider):
             raise InterceptorError(f"{self.label}: 'interval' must be a whole number >= 1, got {self.interval}.")
         if not 0.0 <= self.growth <= MAX_GROWTH:
             raise InterceptorError(f"{self.label}: 'growth' must be between 0 and {MAX_GROWTH:g}, got {self.growth}.")
+        if not 1.0 <= self.growth_ratio <= MAX_GROWTH_RATIO:
+            raise InterceptorError(f"{self.label}: 'growth_ratio' must be between 1 and {MAX_GROWTH_RATIO:g}, "
+                                   f"got {self.growth_ratio}.")
+        if int(self.warmup_steps) != self.warmup_steps or not 0 <= self.warmup_steps <= MAX_WARMUP_STEPS:
+            raise InterceptorError(f"{self.label}: 'warmup_steps' must be a whole number from 0 to "
+                                   f"{MAX_WARMUP_STEPS}, got {self.warmup_steps}.")
 
     def decide(self, run: Run, ev: Evaluation, signals, measured) -> bool:
         state = run.state_of(self)
         gap = float(self.interval) if state.gap is None else state.gap
         since = run.evaluations_since_compute(self)
         run.report_metric(self, float(since + 1), float(int(gap)))
+        if self.warmup_steps and ev.position < self.warmup_steps:
+            return True  # computed for the warm-up: the gap does not grow, as for the other forced computes
         compute = since + 1 >= int(gap)
-        if compute and self.growth:
-            state.gap = gap + self.growth
+        if compute and (self.growth or self.growth_ratio != 1.0):
+            state.gap = self._grown(gap)
         return compute
+
+    def _grown(self, gap: float) -> float:
+        return gap * self.growth_ratio + self.growth
+
+    def computed_steps(self, steps: int) -> tuple[int, ...]:
+        """The steps it computes over a run of ``steps`` steps of one evaluation each, its window the whole run: the
+        run's forced computes and :meth:`decide` together, without sampling (schedule_search's candidates)."""
+        computed: list[int] = []
+        gap = float(self.interval)
+        for step in range(steps):
+            since = step - computed[-1] - 1 if computed else 0
+            last = step == steps - 1 and self.last_step == LAST_STEP_COMPUTE
+            forced = step == 0 or step < self.warmup_steps or last or 0 <= self.max_consecutive_cached <= since
+            if not forced and since + 1 >= int(gap):
+                forced, gap = True, self._grown(gap)
+            if forced:
+                computed.append(step)
+        return tuple(computed)
 
 
 

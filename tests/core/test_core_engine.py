@@ -9,6 +9,7 @@ from cached_sampler_dev.support.reachable import tensors_in
 
 ic = load_core()
 from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, from_eps, model_forward, to_eps  # noqa: E402
+from cached_sampler_pack.interceptors.schedule_search import growing_schedules  # noqa: E402
 
 SIGMAS = [1.0, 0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.0]
 
@@ -73,6 +74,118 @@ def test_growing_cadence_widens_the_gap_after_each_step_it_computes():
     assert computed_evaluations(ic.FixedCadence(interval=3, growth=0.0), 10) == [0, 3, 6, 9]
     with pytest.raises(ic.InterceptorError, match="growth"):
         ic.InterceptorChain.of([ic.FixedCadence(interval=2, growth=-1.0)])
+
+
+def test_spectrums_schedule_is_a_warm_up_then_growing_gaps_with_the_last_step_forecast():
+    spectrum = ic.FixedCadence(interval=2, growth=1.0, warmup_steps=3, last_step="forecast")
+    assert computed_evaluations(spectrum, 28) == [0, 1, 2, 4, 7, 11, 16, 22]
+    # the same steps with the last step computed (the default): one more
+    assert computed_evaluations(dataclasses.replace(spectrum, last_step="compute"), 28) == [
+        0, 1, 2, 4, 7, 11, 16, 22, 27]
+
+
+def test_warm_up_steps_are_computed_and_do_not_grow_the_gap():
+    assert computed_evaluations(ic.FixedCadence(interval=3, warmup_steps=4), 12) == [0, 1, 2, 3, 6, 9, 11]
+    assert computed_evaluations(ic.FixedCadence(interval=1, growth=1.0, warmup_steps=2), 12) == [0, 1, 2, 4, 7, 11]
+    # a warm-up longer than the run computes everything
+    assert computed_evaluations(ic.FixedCadence(interval=5, warmup_steps=20), 8) == list(range(8))
+
+
+def test_a_geometric_growth_multiplies_the_gap_after_each_computed_step():
+    # gaps 2, 3 (2 x 1.5), 4 (4.5), 6 (6.75), 10 (10.125): their whole parts
+    assert computed_evaluations(ic.FixedCadence(interval=2, growth_ratio=1.5), 30) == [0, 2, 5, 9, 15, 25, 29]
+    # both: the gap is multiplied, then grown: 1, 3 (1 x 2 + 1), 7
+    assert computed_evaluations(ic.FixedCadence(interval=1, growth=1.0, growth_ratio=2.0), 12) == [0, 1, 4, 11]
+
+
+def test_the_new_settings_at_their_defaults_change_nothing():
+    for steps in (5, 12, 28):
+        for interval, growth in ((1, 0.0), (2, 0.0), (3, 0.5), (2, 1.0)):
+            plain = ic.FixedCadence(interval=interval, growth=growth)
+            explicit = ic.FixedCadence(interval=interval, growth=growth, warmup_steps=0, growth_ratio=1.0,
+                                       last_step="compute")
+            assert computed_evaluations(plain, steps) == computed_evaluations(explicit, steps)
+            assert computed_evaluations(plain, steps)[-1] == steps - 1  # the last step is computed by default
+    x = torch.randn(2, 4)
+    outputs = [drive(ic.LoopState(ic.InterceptorChain.of([ic.FixedCadence(interval=2, **extra),
+                                                           ic.TaylorSeer(order=1)]), SIGMAS), CountingModel(), x)
+               for extra in ({}, {"warmup_steps": 0, "growth_ratio": 1.0, "last_step": "compute"})]
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+
+
+def test_the_last_step_forecast_skips_it_and_changes_the_result():
+    x = torch.randn(2, 4)
+    forecast_model, computed_model = CountingModel(), CountingModel()
+    cadence = ic.FixedCadence(interval=3)
+    forecast = drive(ic.LoopState(ic.InterceptorChain.of([dataclasses.replace(cadence, last_step="forecast"),
+                                                          ic.TaylorSeer(order=1)]), SIGMAS), forecast_model, x)
+    computed = drive(ic.LoopState(ic.InterceptorChain.of([cadence, ic.TaylorSeer(order=1)]), SIGMAS), computed_model, x)
+    assert computed_model.calls == forecast_model.calls + 1
+    assert torch.equal(forecast[-2], computed[-2]) and not torch.equal(forecast[-1], computed[-1])
+
+
+@pytest.mark.parametrize("decider", [ic.FixedCadence(), ic.AdaptiveCache(end_percent=1.0), ic.FirstBlockCache(),
+                                     ic.MagCache(), ic.TeaCache(), ic.VerifiedForecast(), ic.GuidanceCache()])
+def test_every_decider_forces_the_last_step_unless_set_to_forecast_it(decider):
+    for last_step, forced in (("compute", True), ("forecast", False)):
+        chosen = dataclasses.replace(decider, last_step=last_step)
+        run = ic.LoopState(ic.InterceptorChain.of([chosen]), SIGMAS)
+        for sigma in SIGMAS[:-2]:
+            run.begin_evaluation(sigma)
+            run.end_evaluation()
+        assert run.forced(chosen, run.begin_evaluation(SIGMAS[-2])) is forced
+    # sigma 0 and the first evaluation stay forced whatever the setting
+    forecast = dataclasses.replace(decider, last_step="forecast")
+    run = ic.LoopState(ic.InterceptorChain.of([forecast]), [1.0, 0.5, 0.0, 0.0])
+    decider = run.chain.deciders[0]
+    assert run.forced(decider, run.begin_evaluation(1.0))
+    run.end_evaluation()
+    run.begin_evaluation(0.5)
+    run.end_evaluation()
+    assert run.forced(decider, run.begin_evaluation(0.0))
+
+
+def test_the_last_step_is_computed_where_nothing_is_cached_to_forecast_it():
+    # a one-step run: its only step is the first and the last; nothing cached, so it is computed whatever the setting
+    run = ic.LoopState(ic.InterceptorChain.of([ic.FixedCadence(interval=5, last_step="forecast")]), [1.0, 0.0])
+    model = CountingModel()
+    run.begin_evaluation(1.0)
+    x = torch.ones(1, 3)
+    fwd = run.begin_forward(1.0, 1, (3,), x.dtype, [0], ["c"])
+    run.end_forward(fwd, model_forward(run, fwd, x, torch.ones(1), lambda: model(x, torch.ones(1))))
+    run.end_evaluation()
+    assert model.calls == 1
+
+
+@pytest.mark.parametrize("settings, name", [
+    ({"warmup_steps": -1}, "warmup_steps"), ({"warmup_steps": 1.5}, "warmup_steps"),
+    ({"growth_ratio": 0.5}, "growth_ratio"), ({"growth_ratio": 5.0}, "growth_ratio"),
+    ({"last_step": "skip"}, "last_step")])
+def test_bad_schedule_settings_are_refused_naming_the_node_and_the_input(settings, name):
+    with pytest.raises(ic.InterceptorError, match=rf"'Fixed Cadence \(node 4\)': '{name}'"):
+        ic.InterceptorChain.of([ic.FixedCadence(interval=2, node="Fixed Cadence (node 4)", **settings)])
+    if name == "last_step":  # a setting of every decider
+        with pytest.raises(ic.InterceptorError, match=r"'Adaptive Cache \(node 2\)': 'last_step'"):
+            ic.InterceptorChain.of([ic.AdaptiveCache(node="Adaptive Cache (node 2)", **settings)])
+
+
+def test_the_growing_schedules_are_what_fixed_cadence_computes():
+    schedules = growing_schedules(28, 8)
+    assert (0, 1, 2, 4, 7, 11, 16, 22) in schedules, "Spectrum's schedule is among the candidates of 8 of 28"
+    for steps, cadence in schedules.items():
+        # the last step is computed only where a gap lands on it
+        assert len(steps) == 8 and cadence.last_step == "forecast"
+        assert computed_evaluations(cadence, 28) == list(steps)
+    # the candidates of every budget have that budget
+    for b in (3, 6, 12):
+        assert all(len(steps) == b for steps in growing_schedules(28, b))
+
+    # and the step lists of settings beyond them, with the last step computed or forecast
+    for settings in ({"interval": 2, "growth": 1.0, "warmup_steps": 3}, {"interval": 3, "growth_ratio": 1.5},
+                     {"interval": 2, "growth": 0.5, "max_consecutive_cached": 2}):
+        for last_step in ("compute", "forecast"):
+            cadence = ic.FixedCadence(last_step=last_step, **settings)
+            assert list(cadence.computed_steps(28)) == computed_evaluations(cadence, 28), (settings, last_step)
 
 
 def test_interval_1_is_bit_identical_to_no_chain():

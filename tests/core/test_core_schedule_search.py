@@ -168,7 +168,7 @@ def test_fewer_computed_steps_are_tried_below_the_bisections_answer():
     """Where more computed steps can give a worse result (4 of 9 meets the bound, 5 and 6 do not, 7 and more do),
     the bisection alone (its first probe, 5, fails) stops at 7; the scan below it finds 4. On a monotone landscape
     the scan stops once ``PATIENCE`` budgets in a row fail, the one just below included: at most
-    ``PATIENCE - 1`` budgets' candidates more."""
+    ``PATIENCE - 1`` budgets' candidates more (each budget's four and its growing schedule)."""
     measure, _ = _budget_measure(lambda b: b == 4 or b >= 7)
     assert len(ss.search(SIGMAS, _outputs(3), measure, min_psnr=35.0, patience=0).compute) == 7
     found = ss.search(SIGMAS, _outputs(3), measure, min_psnr=35.0)
@@ -181,7 +181,8 @@ def test_fewer_computed_steps_are_tried_below_the_bisections_answer():
     assert len(ss.search(SIGMAS, _outputs(3), monotone, min_psnr=35.0).compute) == 6
     budgets_tried = {len(c) for c, _ in runs}
     extra = len(set(runs)) - without
-    assert min(budgets_tried) == 6 - ss.PATIENCE and 0 < extra <= (ss.PATIENCE - 1) * 4, (budgets_tried, extra)
+    per_budget = 4 + ss.GROWING_PER_BUDGET  # the candidates, then the growing schedules measured after them
+    assert min(budgets_tried) == 6 - ss.PATIENCE and 0 < extra <= (ss.PATIENCE - 1) * per_budget, (budgets_tried, extra)
 
 
 def test_the_search_descends_from_the_plan_found_by_leaving_one_computed_step_out():
@@ -194,16 +195,18 @@ def test_the_search_descends_from_the_plan_found_by_leaving_one_computed_step_ou
     def above(compute, order):  # 7 steps and more meet the bound, by a pseudo-random margin per placement
         return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
 
-    seven = ss.search(SIGMAS, outputs, above, min_psnr=35.0).compute
+    # without the growing schedules: the landscape is built around the 7-step plan the other candidates reach, and
+    # the descent measures the plans less one step that the error model ranks best, where the best one is
+    seven = ss.search(SIGMAS, outputs, above, min_psnr=35.0, growing=0).compute
     assert len(seven) == 7
 
     def landscape(compute, order):  # as above, and the 6-step subsets of that 7-step plan meet it too
         subset = len(compute) == 6 and set(compute) < set(seven)
         return type("Q", (), {"psnr": 36.0 - compute[-1] / 100 if subset else above(compute, order).psnr})()
 
-    assert len(ss.search(SIGMAS, outputs, landscape, min_psnr=35.0, descend=False).compute) == 7, \
+    assert len(ss.search(SIGMAS, outputs, landscape, min_psnr=35.0, descend=False, growing=0).compute) == 7, \
         "a candidate or a neighbour is already such a subset: the landscape tests nothing"
-    found = ss.search(SIGMAS, outputs, landscape, min_psnr=35.0)
+    found = ss.search(SIGMAS, outputs, landscape, min_psnr=35.0, growing=0)
     assert len(found.compute) == 6 and set(found.compute) < set(seven) and found.quality.psnr >= 35.0
     best_drop = max(ss.dropped(seven), key=lambda c: landscape(c, found.order).psnr)
     assert found.compute == best_drop, "the best of the plans less one step, not the first to meet the bound"
@@ -240,3 +243,44 @@ def test_negatives_are_left_out_from_the_last_computed_step_back_while_the_bound
     assert tried == [(8,), (5, 8), (3, 8)] and kept == (3, 8) and quality.psnr == 29.0
     kept, quality = ss.negatives_to_leave_out((0, 3), 12, measure, min_psnr=38.0)
     assert kept == () and quality is None
+
+
+def test_a_growing_schedule_is_measured_after_the_other_candidates_and_never_displaces_them():
+    outputs = _outputs(3)
+    proposals = ss.Proposals(SIGMAS, outputs)
+    for b in range(3, N):
+        before = []
+        for c in proposals.ranked(b):
+            if c.compute not in {x.compute for x in before}:
+                before.append(c)
+        measured, kept = proposals.to_measure(b, 4), before[:4]
+        assert measured[:len(kept)] == kept, "the candidates of before come first, unchanged"
+        growing = set(ss.growing_schedules(N, b)) - {c.compute for c in kept}
+        assert [c.source for c in measured[len(kept):]] == (["growing"] if growing else [])
+        assert all(c.compute in growing for c in measured[len(kept):])
+
+
+def test_without_growing_schedules_the_search_measures_what_it_did_before_them():
+    outputs = _outputs(3)
+    measure, runs = _synthetic_measure(outputs)
+    ss.search(SIGMAS, outputs, measure, min_psnr=-4.0, growing=0)
+    assert runs and all(source != "growing" for source in [c.source for b in range(1, N + 1)
+                                                           for c in ss.Proposals(SIGMAS, outputs).to_measure(b, 4, 0)])
+    proposals = ss.Proposals(SIGMAS, outputs)
+    assert all(proposals.to_measure(b, 4, 0) == proposals.to_measure(b, 4)[:len(proposals.to_measure(b, 4, 0))]
+               for b in range(1, N + 1))
+
+
+def test_a_growing_schedule_that_reads_better_is_the_answer():
+    """Where the growing schedule is the only plan below every step computed that meets the bound (at the budget
+    the bisection tries first), the search finds it."""
+    outputs = _outputs(3)
+    last = ss.Proposals(SIGMAS, outputs).to_measure((2 + N) // 2, 4)[-1]
+    assert last.source == "growing"
+    target = last.compute
+
+    def measure(compute, order):
+        return type("Q", (), {"psnr": 40.0 if compute == target or len(compute) == N else 30.0})()
+
+    found = ss.search(SIGMAS, outputs, measure, min_psnr=35.0)
+    assert found.compute == target and found.source == "growing"
