@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 
 from .fixed_cadence import FixedCadence
-from .kinds import LAST_STEP_FORECAST
+from ..kinds import LAST_STEP_FORECAST
 from .taylorseer import lagrange_weights, same_sigma
 
 ORDERS = (0, 1, 2)  # the forecasts searched: reuse, TaylorSeer order 1 and 2 (a polynomial in sigma)

@@ -9,7 +9,7 @@ from cached_sampler_dev.support.reachable import tensors_in
 
 ic = load_core()
 from cached_sampler_pack.interceptors.engine import BlockPlan, block_call, from_eps, model_forward, to_eps  # noqa: E402
-from cached_sampler_pack.interceptors.schedule_search import growing_schedules  # noqa: E402
+from cached_sampler_pack.interceptors.methods.schedule_search import growing_schedules  # noqa: E402
 
 SIGMAS = [1.0, 0.9, 0.75, 0.6, 0.45, 0.3, 0.2, 0.1, 0.0]
 
