@@ -61,6 +61,9 @@ class Declaration:
     metric_secondary: bool = False
     # What it keeps between steps per CFG branch, for interceptors/memory.py's arithmetic; None: not counted there.
     footprint: Footprint | None = None
+    # True: its measure is a ratio of sums over rows, every sum read by the rule on the evaluation's first call, so
+    # the devices' threads of native multi-GPU can add their sums up and decide once, as one device (threads.py).
+    gathers_over_threads: bool = False
 
     def but(self, **changes) -> "Declaration":
         """This declaration with ``changes``: a subclass's, from its parent's."""

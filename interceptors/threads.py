@@ -21,12 +21,12 @@ import threading
 from .base import Decider
 from .metrics import combined
 
-# The deciders whose measure is a ratio of sums over rows, every sum read by the rule (decide) on the evaluation's
-# first call: gathered over the threads, they decide as on one device. The others measure in ways that do not
-# add up across threads: Adaptive Cache and the Verified Forecast measure their rate or error after a computed
-# step on the evaluation's first forward only (one device's branch); the Verified Block Cache's sums are per
-# branch products, paired with per-branch forecasts in its rule. They stay switched off under native multi-GPU.
-GATHERED_KINDS = frozenset({"dbcache", "fbcache", "teacache"})
+# The deciders that declare ``gathers_over_threads`` (DBCache, First Block Cache, TeaCache) measure a ratio of sums
+# over rows, every sum read by the rule (decide) on the evaluation's first call: gathered over the threads, they
+# decide as on one device. The others measure in ways that do not add up across threads: Adaptive Cache and the
+# Verified Forecast measure their rate or error after a computed step on the evaluation's first forward only (one
+# device's branch); the Verified Block Cache's sums are per branch products, paired with per-branch forecasts in its
+# rule. They stay switched off under native multi-GPU.
 
 # The longest a device's thread waits for the others of its evaluation. They start together, so what it waits is
 # how far the slowest device lags behind in reaching the measure: far less than a step, on any devices.
@@ -36,7 +36,7 @@ WAIT_ENV = "CACHED_SAMPLER_THREAD_WAIT"
 
 def gathers(decider: Decider) -> bool:
     """Whether ``decider``'s measure can be gathered over the devices' threads exactly (see the module)."""
-    return decider.kind in GATHERED_KINDS
+    return decider.gathers_over_threads
 
 
 def thread_wait(wait_s: float | None = None) -> float:

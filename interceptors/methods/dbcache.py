@@ -42,6 +42,7 @@ class DBCache(Decider):
         granularity=Granularity.BLOCKS,
         signal=Signal.PROBE_RESIDUAL,
         counts_steps=True,
+        gathers_over_threads=True,
     )
 
     front: int = 1

@@ -50,6 +50,7 @@ class TeaCache(Decider):
         footprint=Footprint(Cached.BLOCK_STREAMS, anchor=Anchor.MODULATED_INPUT),
         granularity=Granularity.BLOCKS,
         signal=Signal.MODULATED_INPUT,
+        gathers_over_threads=True,
     )
 
     threshold: float = 0.4
