@@ -128,11 +128,11 @@ class AutoCalibrate(CalibrationNode):
                     "checked.")),
                 io.Combo.Input("search", options=SEARCHES, default=SEARCHES[0], optional=True, tooltip=(
                     "'steps and forecast': a dynamic program over the recorded per-step forecast errors proposes "
-                    "placements for every budget (with front-loaded and even schedules), for reuse and TaylorSeer "
-                    "order 1 and 2, and real runs pick the least work that meets the target, then the highest PSNR "
-                    "at that work, then tries that plan less one step (about 25-80 runs at 28 steps). 'steps': "
-                    "the same search with the forecast "
-                    "'order'. 'greedy': the plan search of 0.2.0 (greedy and even placements, first and last "
+                    "placements for every budget (with front-loaded and even schedules, and Fixed Cadence's growing "
+                    "ones with a warm-up and the last step forecast), for reuse and TaylorSeer order 1 and 2, and "
+                    "real runs pick the least work that meets the target, then the highest PSNR at that work, then "
+                    "tries that plan less one step (about 25-80 runs at 28 steps). 'steps': the same search with the "
+                    "forecast 'order'. 'greedy': the plan search of 0.2.0 (greedy and even placements, first and last "
                     "computed; about 10 runs).")),
                 io.Int.Input("candidates", default=4, min=1, max=32, optional=True, tooltip=(
                     "For the two searches: how many placements are measured per budget before it counts as not "

@@ -16,11 +16,11 @@ import torch
 
 from ..base import Decider
 from ..cards import ModelCard
-from ..kinds import Anchor, Cached, Granularity, InterceptorError, Signal, check_range
+from ..kinds import LAST_STEP_COMPUTE, Anchor, Cached, Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
-from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input,
-                    percent_inputs, threshold_input)
+from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input,
+                    max_consecutive_input, percent_inputs, threshold_input)
 
 
 
@@ -115,7 +115,7 @@ _SKIP_LIMITS = (
         "Fraction of the steps at the start that are always computed (the image layout is decided there).")),
     Input("max_cached_steps", "int", default=-1, min=-1, max=10000, tooltip=(
         "At most this many steps skipped in the whole run (-1: no limit).")),
-    max_consecutive_input(3), *percent_inputs())
+    max_consecutive_input(3), *percent_inputs(), last_step_input())
 # Where to start, the same for both nodes (First Block Cache adds the bundled model's measurement)
 _FAMILIES = (
     ("Flux.1 dev, 28 steps", "0.08 (lossless) to 0.2 (2.9x wall time, slight degradation)"),
@@ -135,9 +135,11 @@ SPECS = (
         (Input("Fn", "int", default=1, min=1, max=200, tooltip="Front blocks that always run; they are the probe."),
          Input("Bn", "int", default=0, min=0, max=200, tooltip="Back blocks that always run after the cached middle."),
          threshold_input(0.12, _THRESHOLD, step=0.005), *_SKIP_LIMITS),
-        lambda Fn, Bn, threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent:
+        lambda Fn, Bn, threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent,
+        last_step=LAST_STEP_COMPUTE:
         DBCache(front=Fn, back=Bn, threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
-                max_consecutive_cached=max_consecutive_cached, start_percent=start_percent, end_percent=end_percent),
+                max_consecutive_cached=max_consecutive_cached, start_percent=start_percent, end_percent=end_percent,
+                last_step=last_step),
         DBCache,
         Prose(when=(
             "A block-level cache for transformer models: the first `Fn` blocks always run and probe how much the "
@@ -164,10 +166,11 @@ SPECS = (
         "First Block Cache (ParaAttention / WaveSpeed FBCache): block 1 always runs and probes the change; all later "
         "blocks are skipped while its residual barely changes. DBCache with Fn=1, Bn=0.",
         (threshold_input(0.12, _THRESHOLD, step=0.005), *_SKIP_LIMITS),
-        lambda threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent:
+        lambda threshold, warmup, max_cached_steps, max_consecutive_cached, start_percent, end_percent,
+        last_step=LAST_STEP_COMPUTE:
         FirstBlockCache(threshold=threshold, warmup=warmup, max_cached_steps=max_cached_steps,
                         max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
-                        end_percent=end_percent),
+                        end_percent=end_percent, last_step=last_step),
         FirstBlockCache,
         Prose(when=(
             "The block-level cache to try first on a transformer model: block 1 runs every step and probes the "

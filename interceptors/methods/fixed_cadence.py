@@ -26,7 +26,7 @@ from ..kinds import LAST_STEP_COMPUTE, Cached, Granularity, InterceptorError
 from ..records import Evaluation
 from ..run import Run
 from ..memory import Footprint
-from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs
+from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, percent_inputs
 
 MAX_GROWTH = 16.0  # the largest growth of the interval per computed step
 MAX_GROWTH_RATIO = 4.0  # the largest factor of the interval per computed step
@@ -108,9 +108,19 @@ SPECS = (MethodSpec(
      Input("growth", "float", default=0.0, min=0.0, max=MAX_GROWTH, step=0.05, optional=True, tooltip=(
          "Spectrum's growing schedule (its flex_window): after each step the cadence computes, the interval grows "
          "by this much (its whole part is used), so computed steps thin out as the image settles. 0: a fixed "
-         "interval."))),
-    lambda interval, start_percent, end_percent, growth=0.0: FixedCadence(
-        interval=interval, start_percent=start_percent, end_percent=end_percent, growth=growth),
+         "interval.")),
+     Input("warmup_steps", "int", default=0, min=0, max=MAX_WARMUP_STEPS, optional=True, tooltip=(
+         "The first N steps of the schedule are always computed before the cadence starts (Spectrum computes 3); "
+         "they do not grow the interval. 0: only the first step.")),
+     Input("growth_ratio", "float", default=1.0, min=1.0, max=MAX_GROWTH_RATIO, step=0.05, optional=True, tooltip=(
+         "After each step the cadence computes, the interval is multiplied by this (then 'growth' is added), so the "
+         "gaps grow geometrically. 1: no geometric growth. Spectrum's schedule, steps 0, 1, 2, 4, 7, 11, 16, 22 of "
+         "28 (counted from 0) with the last forecast, is warmup_steps 3, interval 2, growth 1, last_step forecast.")),
+     last_step_input()),
+    lambda interval, start_percent, end_percent, growth=0.0, warmup_steps=0, growth_ratio=1.0,
+    last_step=LAST_STEP_COMPUTE: FixedCadence(
+        interval=interval, start_percent=start_percent, end_percent=end_percent, growth=growth,
+        warmup_steps=warmup_steps, growth_ratio=growth_ratio, last_step=last_step),
     FixedCadence,
     Prose(when=(
         "The simplest cache and, chained with TaylorSeer Forecast, the strongest the pack measured: it computes "

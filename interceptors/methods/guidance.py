@@ -41,11 +41,11 @@ import dataclasses
 import torch
 
 from ..base import GuidanceDecider
-from ..kinds import Cached, InterceptorError, check_range
+from ..kinds import LAST_STEP_COMPUTE, Cached, InterceptorError, check_range
 from ..memory import Footprint
 from ..records import Evaluation
 from ..run import Run
-from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, WINDOW, percent_inputs
+from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, WINDOW, last_step_input, percent_inputs
 from .planned import fits_plan
 from .taylorseer import TaylorSeer
 
@@ -245,10 +245,10 @@ SPECS = (MethodSpec(
          "prediction plus the guidance difference extrapolated in sigma from the last two computed steps "
          "(recommended); difference = plus the last computed difference; negative forecast / reuse = the "
          "negative prediction itself, extrapolated or reused.")),
-     *percent_inputs()),
-    lambda interval, mode, threshold, estimate, start_percent, end_percent: GuidanceCache(
+     *percent_inputs(), last_step_input()),
+    lambda interval, mode, threshold, estimate, start_percent, end_percent, last_step=LAST_STEP_COMPUTE: GuidanceCache(
         interval=interval, mode=mode, threshold=threshold, estimate=estimate, start_percent=start_percent,
-        end_percent=end_percent),
+        end_percent=end_percent, last_step=last_step),
     GuidanceCache,
     Prose(when=(
         "With cfg above 1 every step runs the model on the positive and the negative prompt. This node "

@@ -16,9 +16,10 @@ import dataclasses
 
 from ..base import Decider, RecordingDecider
 from ..cards import ModelCard
-from ..kinds import Cached, Granularity, InterceptorError, check_range
+from ..kinds import LAST_STEP_COMPUTE, Cached, Granularity, InterceptorError, check_range
 from ..memory import Footprint
-from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs, threshold_input
+from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, percent_inputs,
+                    threshold_input)
 
 
 # Calibrated ratios published with Zehong-Ma/ComfyUI-MagCache (first value 1.0 = step 0). Wan curves
@@ -190,10 +191,11 @@ def recorded_ratios(run) -> tuple[float, ...]:
 
 
 
-def _from_widgets(threshold, K, retention_ratio, model_type, custom_ratios, start_percent, end_percent) -> MagCache:
+def _from_widgets(threshold, K, retention_ratio, model_type, custom_ratios, start_percent, end_percent,
+                  last_step=LAST_STEP_COMPUTE) -> MagCache:
     ratios = parse_ratios(custom_ratios, "MagCache") if custom_ratios.strip() else ()
     return MagCache(threshold=threshold, max_consecutive_cached=K, retention=retention_ratio, model_type=model_type,
-                    ratios=ratios, start_percent=start_percent, end_percent=end_percent)
+                    ratios=ratios, start_percent=start_percent, end_percent=end_percent, last_step=last_step)
 
 
 SPECS = (MethodSpec(
@@ -210,7 +212,7 @@ SPECS = (MethodSpec(
          "Which ratio curve to use: 'auto' from the model, a published one, or 'custom' (custom_ratios).")),
      Input("custom_ratios", "text", default="", multiline=True, tooltip=(
          "For model_type 'custom': the comma-separated ratios printed by MagCache Calibrate.")),
-     *percent_inputs()),
+     *percent_inputs(), last_step_input()),
     _from_widgets,
     MagCache,
     Prose(when=(

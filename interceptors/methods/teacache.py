@@ -13,10 +13,11 @@ import dataclasses
 
 from ..base import Decider
 from ..cards import ModelCard
-from ..kinds import Anchor, Cached, Granularity, InterceptorError, Signal, check_range
+from ..kinds import LAST_STEP_COMPUTE, Anchor, Cached, Granularity, InterceptorError, Signal, check_range
 from ..memory import Footprint
 from ..metrics import relative_l1_of
-from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, percent_inputs, threshold_input
+from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, percent_inputs,
+                    threshold_input)
 
 
 # Rescale polynomials, highest power first, as published in ali-vilab/TeaCache (TeaCache4FLUX,
@@ -117,9 +118,10 @@ SPECS = (MethodSpec(
      Input("model_type", "choice", choices=MODEL_TYPES, tooltip=(
          "Which published polynomial to use; 'auto' picks it from the model (Wan defaults to the 1.3B fit: "
          "choose the 14B one for 14B models).")),
-     *percent_inputs()),
-    lambda threshold, model_type, start_percent, end_percent: TeaCache(
-        threshold=threshold, model_type=model_type, start_percent=start_percent, end_percent=end_percent),
+     *percent_inputs(), last_step_input()),
+    lambda threshold, model_type, start_percent, end_percent, last_step=LAST_STEP_COMPUTE: TeaCache(
+        threshold=threshold, model_type=model_type, start_percent=start_percent, end_percent=end_percent,
+        last_step=last_step),
     TeaCache,
     Prose(when=(
         "For the families its authors fitted (Flux, HunyuanVideo, LTXV, Wan 2.1): block 0's timestep-modulated "

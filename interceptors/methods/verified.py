@@ -42,11 +42,11 @@ import torch
 
 from ..base import Decider
 from .dbcache import check_probe
-from ..kinds import Anchor, Cached, Granularity, Signal, check_range
+from ..kinds import LAST_STEP_COMPUTE, Anchor, Cached, Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
-from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, max_consecutive_input,
-                    percent_inputs, threshold_input)
+from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input,
+                    max_consecutive_input, percent_inputs, threshold_input)
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """<a, b> in float64 (float32 where the device has no float64, as MPS): the error is a difference of such
@@ -284,10 +284,10 @@ SPECS = (
                          "of the model's prediction) under which a step is skipped. An error, not a change: the same "
                          "value means about the same damage on another model. 0 disables caching (bit-identical).",
                          maximum=10.0, step=0.005),
-         max_consecutive_input(-1), *percent_inputs()),
-        lambda threshold, max_consecutive_cached, start_percent, end_percent: VerifiedForecast(
-            threshold=threshold, max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
-            end_percent=end_percent),
+         max_consecutive_input(-1), *percent_inputs(), last_step_input()),
+        lambda threshold, max_consecutive_cached, start_percent, end_percent, last_step=LAST_STEP_COMPUTE:
+        VerifiedForecast(threshold=threshold, max_consecutive_cached=max_consecutive_cached,
+                         start_percent=start_percent, end_percent=end_percent, last_step=last_step),
         VerifiedForecast,
         Prose(when=(
             "Whole model steps on any model, skipped only where the forecast that replaces them is predicted close: "
@@ -323,11 +323,12 @@ SPECS = (
          Input("refresh_ratio", "float", default=2.0, min=1.0, max=100.0, step=0.1, tooltip=(
              "Up to this multiple of 'threshold' the back blocks are recomputed and the middle forecast (the middle "
              "tier); above it the step is computed in full. 1: no middle tier.")),
-         max_consecutive_input(-1), *percent_inputs()),
-        lambda Fn, Bn, threshold, refresh_ratio, max_consecutive_cached, start_percent, end_percent:
+         max_consecutive_input(-1), *percent_inputs(), last_step_input()),
+        lambda Fn, Bn, threshold, refresh_ratio, max_consecutive_cached, start_percent, end_percent,
+        last_step=LAST_STEP_COMPUTE:
         VerifiedBlockCache(front=Fn, back=Bn, threshold=threshold, refresh_ratio=refresh_ratio,
                            max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
-                           end_percent=end_percent),
+                           end_percent=end_percent, last_step=last_step),
         VerifiedBlockCache,
         Prose(when=(
             "Block-hooked models (Flux, Wan, HunyuanVideo, ...): the probe blocks run every step and their forecast "

@@ -175,3 +175,41 @@ def test_a_run_that_ends_early_under_apply_interceptors_says_so(comfy):
             assert len(notes) == 1 and "ends before the end of" in notes[0] and "MagCache" in notes[0], notes
         else:
             assert notes == [], notes
+
+
+@pytest.mark.parametrize("sampler_name", ["euler", "heun"])
+def test_the_last_step_forecast_skips_the_last_model_evaluation_and_changes_the_result(comfy, sampler_name):
+    """Fixed Cadence with Spectrum's settings (warm-up 3, interval 2, growth 1) over 11 steps computes steps
+    0, 1, 2, 4, 7 and 10, the last; with ``last_step`` forecast the last is forecast: one evaluation fewer really
+    runs and the result differs. Without the input (a workflow saved before it) the last step is computed. Heun's
+    last step is its last two evaluations, both at the last step's sigma (the corrector of the step before it and the
+    final Euler step to sigma 0), forecast alike."""
+    steps = 11
+    prompt = graphs.base("flux", latent_seed=5)
+    chains = {}
+    for key, extra in (("forecast", {"last_step": "forecast"}), ("compute", {"last_step": "compute"}), ("saved", {})):
+        chains[key] = graphs.config(prompt, f"cadence_{key}", "CachedSamplerFixedCadence", interval=2, growth=1.0,
+                                    warmup_steps=3, **WINDOW, **extra)
+        _count(prompt, f"count_{key}", key)
+        graphs.sampler(prompt, key=f"latent_{key}", chain=chains[key], node_id=key, model=f"count_{key}", steps=steps,
+                       sampler=sampler_name)
+        graphs.config(prompt, f"taylorseer_{key}", "CachedSamplerTaylorSeer", upstream=f"cadence_{key}", order=1)
+        prompt[key]["inputs"]["interceptors"] = [f"taylorseer_{key}", 0]
+    _, ui = comfy.run(prompt)
+    (forecast,), (computed,), (saved,) = (_decisions(ui, key) for key in ("forecast", "compute", "saved"))
+    assert saved == computed and computed[-1] == "c", (saved, computed)
+    last = 1 if sampler_name == "euler" else 2  # the evaluations at the last step's sigma
+    assert forecast[-last:] == "s" * last and forecast[:-last] == computed[:-last], (forecast, computed)
+    if sampler_name == "euler":
+        assert [i for i, d in enumerate(forecast) if d == "c"] == [0, 1, 2, 4, 7]
+
+    def evaluations_run(key):  # the sampler evaluations (from 1) the model really ran a forward in
+        return sorted({entry[0] for entry in CAPTURED[key]["forward_log"]})
+
+    total = CAPTURED["compute"]["evaluations"]
+    assert CAPTURED["forecast"]["evaluations"] == total
+    assert evaluations_run("compute")[-last:] == list(range(total - last + 1, total + 1))
+    assert evaluations_run("forecast") == evaluations_run("compute")[:-last]
+    assert CAPTURED["forecast"]["forwards"] < CAPTURED["compute"]["forwards"], CAPTURED
+    assert not torch.equal(CAPTURED["latent_forecast"], CAPTURED["latent_compute"])
+    assert torch.equal(CAPTURED["latent_saved"], CAPTURED["latent_compute"]), "the default is as before, bit for bit"
