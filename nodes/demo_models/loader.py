@@ -18,6 +18,27 @@ import torch
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
 
 
+# The tiny Flux of the digits and photos models (2 double and 4 single blocks, 128 wide, 16 latent channels).
+TINY_FLUX_CONFIG = {
+    "image_model": "flux",
+    "guidance_embed": False,
+    "in_channels": 16,
+    "out_channels": 16,
+    "vec_in_dim": 32,
+    "context_in_dim": 32,
+    "hidden_size": 128,
+    "mlp_ratio": 4.0,
+    "num_heads": 2,
+    "depth": 2,
+    "depth_single_blocks": 4,
+    "axes_dim": [16, 24, 24],
+    "theta": 10000,
+    "patch_size": 2,
+    "qkv_bias": True,
+    "txt_ids_dims": [],
+}
+
+
 def asset_path(name):
     """The path of a bundled weights file in the pack's ``assets`` folder."""
     return os.path.join(ASSETS, name)

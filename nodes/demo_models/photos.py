@@ -32,24 +32,7 @@ from . import loader
 
 WEIGHTS_PATH = loader.asset_path("tiny_flux_photos.safetensors")
 
-DEFAULT_UNET_CONFIG = {
-    "image_model": "flux",
-    "guidance_embed": False,
-    "in_channels": 16,
-    "out_channels": 16,
-    "vec_in_dim": 32,
-    "context_in_dim": 32,
-    "hidden_size": 128,
-    "mlp_ratio": 4.0,
-    "num_heads": 2,
-    "depth": 2,
-    "depth_single_blocks": 4,
-    "axes_dim": [16, 24, 24],
-    "theta": 10000,
-    "patch_size": 2,
-    "qkv_bias": True,
-    "txt_ids_dims": [],
-}
+DEFAULT_UNET_CONFIG = dict(loader.TINY_FLUX_CONFIG)
 
 # A class: (photograph index in load_sample_images: 0 china.jpg, 1 flower.jpg,
 #           box of crop centres (x0, y0, x1, y1) in pixels of the 640x427 photograph, crop side range in pixels)
