@@ -328,20 +328,26 @@ def evaluate(dm, path, png_path):
     return dm.knn_label_accuracy(digits, labels), bool(latent.isfinite().all())
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--time-budget", type=float, default=240.0, help="training seconds")
+def parse_training_args(argv, description, weights, time_budget, batch):
+    """The command line of a tiny Flux's training (digits, photos): the recipe's knobs, and where it writes
+    ``weights`` (.safetensors) and its samples (.png beside it, ``_samples``)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--time-budget", type=float, default=time_budget, help="training seconds")
     p.add_argument("--steps", type=int, default=None, help="fixed step count (else from budget)")
     p.add_argument("--calibrate", type=int, default=30, help="steps used to time one step")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=batch)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--ema", type=float, default=0.995)
     p.add_argument("--label-dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=os.path.join(ASSETS, "tiny_flux_digits.safetensors"))
-    p.add_argument("--png", default=os.path.join(ASSETS, "tiny_flux_digits_samples.png"))
+    p.add_argument("--out", default=os.path.join(ASSETS, f"{weights}.safetensors"))
+    p.add_argument("--png", default=os.path.join(ASSETS, f"{weights}_samples.png"))
     return p.parse_args(argv)
+
+
+def parse_args(argv=None):
+    return parse_training_args(argv, __doc__.split("\n")[0], "tiny_flux_digits", time_budget=240.0, batch=64)
 
 
 def main(argv=None):

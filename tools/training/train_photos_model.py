@@ -26,7 +26,6 @@ crops through the decoder on the left, samples at 20 euler steps, cfg 3, on the 
 samples whose colour and texture statistics are nearest to their prompted class's crops, at cfg 3 and cfg 1.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -34,7 +33,6 @@ import time
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ASSETS = os.path.join(ROOT, "assets")
 
 from . import train_digits_model as common  # noqa: E402  (beside it: ComfyUI import, pack import, Flux training patches)
 
@@ -149,19 +147,7 @@ def evaluate(pm, path, png_path, samples_per_class=8):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--time-budget", type=float, default=720.0, help="training seconds")
-    p.add_argument("--steps", type=int, default=None, help="fixed step count (else from budget)")
-    p.add_argument("--calibrate", type=int, default=30, help="steps used to time one step")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--ema", type=float, default=0.995)
-    p.add_argument("--label-dropout", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=os.path.join(ASSETS, "tiny_flux_photos.safetensors"))
-    p.add_argument("--png", default=os.path.join(ASSETS, "tiny_flux_photos_samples.png"))
-    return p.parse_args(argv)
+    return common.parse_training_args(argv, __doc__.split("\n")[0], "tiny_flux_photos", time_budget=720.0, batch=32)
 
 
 def main(argv=None):
