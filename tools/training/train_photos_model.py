@@ -28,9 +28,7 @@ samples whose colour and texture statistics are nearest to their prompted class'
 
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
