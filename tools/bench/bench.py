@@ -37,7 +37,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The bench in parts: which methods (bench_discover), running them (bench_run), analysis and report
 # (bench_report); this file is the command line.
 from .bench_discover import DBCACHE_PRESETS, QUICK_SWEEPS, SCHEDULE_GRID, SWEEPS, Config, Method  # noqa: E402,F401
-from .bench_report import analyse, load_results, markdown, output_names, write_outputs  # noqa: E402
+from .bench_report import analyse, analyse_steps, load_results, markdown, output_names, write_outputs  # noqa: E402,F401
 from .bench_results import per_steps  # noqa: E402
 from .bench_run import Bench, run_bench  # noqa: E402,F401  (Bench, Method: for tests)
 
@@ -53,7 +53,8 @@ def parse_args(argv=None) -> Config:
     p.add_argument("--taylorseer", help="TaylorSeer orders to chain, comma-separated, '' for none (default 1,2)")
     p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
                    help="override a sweep, e.g. fbcache=0,0.1,0.2 (keys: " + ", ".join(SWEEPS) + "; and "
-                   + ", ".join(f"schedule.{k}" for k in SCHEDULE_GRID) + " for Spectrum-style peers' grid)")
+                   + ", ".join(f"schedule.{k}" for k in SCHEDULE_GRID) + " for Spectrum-style peers' grid; "
+                   "growing.warmup_steps and growing.last_step for Fixed Cadence's growing schedule)")
     p.add_argument("--no-spectrum", action="store_true",
                    help="do not chain the pack's Spectrum Forecast after each pack decider")
     p.add_argument("--extend", type=int, help="settings a sweep may add to reach below 30 dB PSNR (default 3; "
@@ -62,6 +63,10 @@ def parse_args(argv=None) -> Config:
     p.add_argument("--dbcache-presets", help="DBCache presets, comma-separated (default F1B1; known: "
                    + ", ".join(DBCACHE_PRESETS) + ")")
     p.add_argument("--seed", type=int)
+    p.add_argument("--seeds", type=int, help="measure at this many seeds (--seed, --seed + 1, ...) and read each "
+                   "reduction at a PSNR target as the median and the worst over them (default 1)")
+    p.add_argument("--fewer-steps-samplers", help="ComfyUI samplers also run uncached at fewer steps, as more "
+                   "baselines, comma-separated, '' for none (default dpmpp_2m,uni_pc,deis)")
     p.add_argument("--model", choices=["digits", "video", "photos"], default="digits",
                    help="the measured model: the tiny Flux digits model, the tiny Wan 2.1 video model (moving "
                         "shapes; 28 steps unless --steps, no overhead workload, results_video.* files) or the tiny "
@@ -117,6 +122,12 @@ def parse_args(argv=None) -> Config:
         c.dbcache_presets = [s.strip() for s in a.dbcache_presets.split(",") if s.strip()]
     if a.seed is not None:
         c.seed = a.seed
+    if a.seeds is not None:
+        if a.seeds < 1:
+            p.error("--seeds must be at least 1")
+        c.seeds = a.seeds
+    if a.fewer_steps_samplers is not None:
+        c.fewer_steps_samplers = [s.strip() for s in a.fewer_steps_samplers.split(",") if s.strip()]
     if a.no_overhead:
         c.overhead = False
     if a.overhead_repeats is not None:
@@ -155,7 +166,11 @@ def _number(text: str):
     try:
         return int(text)
     except ValueError:
+        pass
+    try:
         return float(text)
+    except ValueError:
+        return text  # a choice's value (growing.last_step=forecast)
 
 
 def main(argv=None) -> int:
@@ -164,7 +179,7 @@ def main(argv=None) -> int:
         results = load_results(Path(config.replot))
         results["meta"].pop("plot", None)
         for w in per_steps(results).values():
-            w.update(analyse(w["rows"], w.get("fewer_steps")))
+            w.update(analyse_steps(w))
         write_outputs(results, Path(config.out), config.plot)
         md_name, _, plot_name = output_names(results)
         print(f"bench: rewrote {config.out}/{md_name}" + (f", {plot_name}" if results["meta"].get("plot") else ""))

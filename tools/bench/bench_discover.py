@@ -95,6 +95,9 @@ class Config:
     sampler: str = "euler"
     scheduler: str = "simple"
     seed: int = 0
+    seeds: int = 1                       # seeds seed, seed + 1, ...: each reduction read as median and worst over them
+    # the uncached sampler at fewer steps with ComfyUI's multistep samplers too (one model evaluation a step, as euler)
+    fewer_steps_samplers: list = dataclasses.field(default_factory=lambda: ["dpmpp_2m", "uni_pc", "deis"])
     digits: str = "0123456789"
     model: str = "digits"                # "digits" (the tiny Flux), "video" (the tiny Wan 2.1) or "photos" (Flux)
     classes: str = "01234567"            # the video or photos model's classes, one video or picture each
@@ -307,12 +310,18 @@ def schedule_grid(cls, knobs: list[str], config: Config) -> list[dict]:
 
 def growing_grid(config: Config) -> list[dict]:
     """Fixed Cadence's growing schedule swept as the Spectrum ports are (SCHEDULE_GRID's window_size as
-    ``interval``, its flex_window as ``growth``): first interval 1 without growth (every step computed)."""
+    ``interval``, its flex_window as ``growth``): first interval 1 without growth (every step computed). The
+    sweeps ``growing.warmup_steps`` and ``growing.last_step`` add those inputs to every setting (Spectrum's
+    schedule: warmup_steps 3, growth 1, last_step forecast); without them the node's defaults apply."""
     windows = config.sweeps.get("schedule.window_size", SCHEDULE_GRID["window_size"])
     growths = config.sweeps.get("schedule.flex_window", SCHEDULE_GRID["flex_window"])
+    warmups = config.sweeps.get("growing.warmup_steps", [None])
+    last_steps = config.sweeps.get("growing.last_step", [None])
     grid = [{"interval": 1, "growth": 0.0}]
-    for window, growth in itertools.product(windows, growths):
-        setting = {"interval": max(1, int(window)), "growth": float(growth)}
+    for window, growth, warmup, last_step in itertools.product(windows, growths, warmups, last_steps):
+        setting = {"interval": max(1, int(window)), "growth": float(growth),
+                   **({"warmup_steps": int(warmup)} if warmup is not None else {}),
+                   **({"last_step": str(last_step)} if last_step is not None else {})}
         if setting not in grid:
             grid.append(setting)
     return grid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from .bench_results import per_steps
@@ -11,6 +12,11 @@ from .bench_results import per_steps
 TARGETS = (30.0, 31.0, 35.0, 40.0, 45.0)
 VERSUS_LEVELS = tuple(float(v) for v in range(30, 46))
 FEWER_STEPS = "fewer steps (uncached)"  # the baseline: the uncached sampler at fewer steps
+
+
+def fewer_steps_name(sampler: str | None = None) -> str:
+    """The fewer-steps baseline's name: with the bench's own sampler, or with another sampler of ComfyUI's."""
+    return FEWER_STEPS if sampler is None else f"fewer steps (uncached, {sampler})"
 
 
 # ------------------------------------------------------------------------------- analysis ----
@@ -66,9 +72,42 @@ def best_reduction(rows: list[dict], level: float) -> float:
     return best_point(rows, level)[0]
 
 
-def analyse(rows: list[dict], fewer: list[dict] | None = None) -> dict:
+def analyse_steps(w: dict) -> dict:
+    """The whole analysis of one step count's measurements ``w`` (rows, fewer_steps, fewer_steps_samplers and,
+    over several seeds, per_seed): what :func:`analyse` says of the first seed's, and the spread over seeds."""
+    out = analyse(w["rows"], w.get("fewer_steps"), w.get("fewer_steps_samplers"))
+    if w.get("per_seed"):
+        out["over_seeds"] = over_seeds(w["per_seed"])
+    return out
+
+
+def over_seeds(per_seed: list[dict]) -> dict:
+    """Each method's and each fewer-steps baseline's best work reduction at each PSNR target, read at every seed
+    from that seed's rows: the values in seed order, their median and their worst (the smallest)."""
+    values: dict[str, dict[str, list]] = {}
+    for measured in per_seed:
+        curves = {}
+        for r in measured["rows"]:
+            curves.setdefault(r["method"], []).append(r)
+        for sampler, rows in {None: measured.get("fewer_steps") or [],
+                              **(measured.get("fewer_steps_samplers") or {})}.items():
+            if rows:
+                curves[fewer_steps_name(sampler)] = rows
+        for name, rows in curves.items():
+            if all(r.get("error") for r in rows):
+                continue
+            for t in TARGETS:
+                values.setdefault(name, {}).setdefault(f"{t:g}", []).append(best_reduction(rows, t))
+    # a curve missing at a seed (refused there) is read over the seeds that measured it
+    return {"seeds": [m["seed"] for m in per_seed],
+            "targets": {name: {t: {"values": v, "median": statistics.median(v), "worst": min(v)}
+                               for t, v in by_target.items()} for name, by_target in values.items()}}
+
+
+def analyse(rows: list[dict], fewer: list[dict] | None = None, fewer_samplers: dict | None = None) -> dict:
     """Per method: the best work reduction at each PSNR target (and its setting), how it compares with
-    ComfyUI's own nodes over every level, and, given the fewer-steps rows, with simply running fewer steps."""
+    ComfyUI's own nodes over every level, and, given the fewer-steps rows, with simply running fewer steps
+    (and with fewer steps of each other sampler in ``fewer_samplers``: sampler -> rows)."""
     by_method: dict[str, list] = {}
     for r in rows:
         by_method.setdefault(r["method"], []).append(r)
@@ -80,6 +119,12 @@ def analyse(rows: list[dict], fewer: list[dict] | None = None) -> dict:
     out["refused"] = refused
     if fewer:
         out.update(analyse_fewer_steps(by_method, fewer))
+    if fewer_samplers:
+        out["fewer_steps_sampler_targets"] = {
+            sampler: {f"{t:g}": best_point(rs, t)[0] for t in TARGETS} for sampler, rs in fewer_samplers.items()}
+        out["fewer_steps_sampler_settings"] = {
+            sampler: {f"{t:g}": (best_point(rs, t)[1] or {}).get("steps") for t in TARGETS}
+            for sampler, rs in fewer_samplers.items()}
     return out
 
 
@@ -194,6 +239,14 @@ def markdown(results: dict) -> str:
                      "fewer steps saves more there); *vs fewer steps* = over the 16 levels, like the columns before it." if w.get("fewer_steps_targets") is not None else ""), ""]
         lines += targets_table(results, steps)
         lines.append("")
+        if w.get("over_seeds"):
+            seeds = w["over_seeds"]["seeds"]
+            lines += [f"### Over seeds {', '.join(map(str, seeds))}, {steps} steps", "",
+                      "The best work reduction at each PSNR target read at every seed from that seed's own sweep: "
+                      "*median / worst* over the seeds, then each seed's value in order (the table above is seed "
+                      f"{seeds[0]}'s).", ""]
+            lines += over_seeds_table(w["over_seeds"])
+            lines.append("")
     lines += ["## Overhead when nothing is skipped", ""]
     lines += overhead_table(results)
     lines.append("")
@@ -245,6 +298,12 @@ def targets_table(results: dict, steps: str) -> list[str]:
         if over is not None:
             cells.append("-")
         lines.append(f"| {FEWER_STEPS} | " + " | ".join(cells) + " |")
+    for sampler, by_target in (w.get("fewer_steps_sampler_targets") or {}).items():
+        where = w.get("fewer_steps_sampler_settings", {}).get(sampler, {})
+        cells = [fmt_pct(by_target[f"{x:g}"]) + (f" ({where[f'{x:g}']} steps)" if where.get(f"{x:g}") else "")
+                 for x in TARGETS]
+        cells += ["-"] * (len(peers) + (over is not None))
+        lines.append(f"| {fewer_steps_name(sampler)} | " + " | ".join(cells) + " |")
     vs_fs = w.get("vs_fewer_steps", {})
     for method, t in targets.items():
         where = settings.get(method, {})
@@ -260,6 +319,15 @@ def targets_table(results: dict, steps: str) -> list[str]:
     if w.get("refused"):
         lines += ["", "Not in the table, every setting having failed: "
                   + "; ".join(f"{m} ({error})" for m, error in w["refused"].items()) + "."]
+    return lines
+
+
+def over_seeds_table(spread: dict) -> list[str]:
+    lines = ["| Method | " + " | ".join(f">= {t:g} dB" for t in TARGETS) + " |", "|" + "---|" * (1 + len(TARGETS))]
+    for name, by_target in spread["targets"].items():
+        cells = [f"{fmt_pct(v['median'])} / {fmt_pct(v['worst'])} ({', '.join(fmt_pct(x) for x in v['values'])})"
+                 for v in (by_target[f"{t:g}"] for t in TARGETS)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 

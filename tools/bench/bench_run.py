@@ -23,7 +23,8 @@ from . import bench_nodes
 from .bench_discover import _inputs as discover_inputs  # noqa: E402
 from .bench_discover import (CHAIN_TYPE, GUIDANCE, ROOT, TAYLORSEER, Config, Method, discover, return_types,
                             start_comfy, widget_defaults)
-from .bench_report import FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse, fmt_db, fmt_pct, write_outputs
+from .bench_report import (FEWER_STEPS, TARGETS, VERSUS_LEVELS, analyse_steps, fewer_steps_name, fmt_db, fmt_pct,
+                           write_outputs)
 from ..devkit.work_nodes import CAPTURED
 
 EXTEND_BELOW_DB = 30.0  # sweeps are extended until a curve's PSNR drops below this
@@ -77,7 +78,8 @@ def heavy_workload(config: Config) -> Workload:
     return Workload("heavy", nodes, ["heavy", 0], ["cond", 1], ["cond", 2], ["empty", 0])
 
 
-def build_prompt(config: Config, wl: Workload, method: Method | None, value, steps: int, key: str) -> dict:
+def build_prompt(config: Config, wl: Workload, method: Method | None, value, steps: int, key: str,
+                 sampler_name: str | None = None) -> dict:
     prompt = json.loads(json.dumps(wl.nodes))
     prompt["work"] = {"class_type": "BenchCountWork", "inputs": {"model": list(wl.model), "key": key + "w"}}
     if method is not None and method.copy_input:
@@ -115,7 +117,7 @@ def build_prompt(config: Config, wl: Workload, method: Method | None, value, ste
         prompt["m_patch"] = {"class_type": method.node, "inputs": inputs}
         model = "m_patch"
     inputs = {"model": [model, 0], "seed": config.seed, "steps": steps, "cfg": config.cfg,
-              "sampler_name": config.sampler, "scheduler": config.scheduler, "positive": list(wl.positive),
+              "sampler_name": sampler_name or config.sampler, "scheduler": config.scheduler, "positive": list(wl.positive),
               "negative": list(wl.negative), "latent_image": list(wl.latent), "denoise": 1.0}
     if chain is not None:
         inputs["interceptors"] = [chain, 0]
@@ -167,10 +169,11 @@ class Bench:
             root.setLevel(level)
             comfy_utils.PROGRESS_BAR_ENABLED = bars
 
-    def run(self, wl: Workload, method: Method | None, value, steps: int) -> RunResult:
+    def run(self, wl: Workload, method: Method | None, value, steps: int, sampler_name: str | None = None
+            ) -> RunResult:
         self._n += 1
         key = f"bench{self._n}"
-        prompt = build_prompt(self.config, wl, method, value, steps, key)
+        prompt = build_prompt(self.config, wl, method, value, steps, key, sampler_name)
         self._execute(prompt)
         record = CAPTURED.pop(key + "w", None)
         latent = CAPTURED.pop(key, None)
@@ -219,19 +222,21 @@ class Bench:
                 "forwards": ref.forwards,
                 "evaluations": ref.evaluations, "seconds": ref.seconds, "knn_accuracy": accuracy}
 
-    def fewer_steps(self, wl: Workload, steps: int, ref: dict, first: int = FEWER_STEPS_FROM) -> list[dict]:
+    def fewer_steps(self, wl: Workload, steps: int, ref: dict, first: int = FEWER_STEPS_FROM,
+                    sampler_name: str | None = None) -> list[dict]:
         """The baseline every caching method must beat: the uncached sampler (same sampler, scheduler, seed,
-        model) at every step count from ``first`` to ``steps`` - 1. Work is counted by the same counting node
-        as every method's, relative to the full-step uncached run; PSNR/SSIM/k-NN of the decoded images against
-        that run's output, as for the methods."""
+        model; or the sampler ``sampler_name``) at every step count from ``first`` to ``steps`` - 1. Work is
+        counted by the same counting node as every method's, relative to the full-step uncached run; PSNR/SSIM/k-NN
+        of the decoded images against that run's output (the reference sampler's), as for the methods."""
         rows = []
+        name = fewer_steps_name(sampler_name)
         for n in range(first, steps):
-            row = {"method": FEWER_STEPS, "key": "fewer_steps", "family": FEWER_STEPS, "source": "baseline",
+            row = {"method": name, "key": "fewer_steps", "family": name, "source": "baseline",
                    "node": None, "kind": "fewer_steps", "taylorseer": None, "param": "steps", "value": n,
-                   "setting": f"steps={n}", "steps": n, "error": None}
+                   "setting": f"steps={n}", "steps": n, "sampler": sampler_name or self.config.sampler, "error": None}
             rows.append(row)
             try:
-                r = self.run(wl, None, None, n)
+                r = self.run(wl, None, None, n, sampler_name)
             except BenchError as e:
                 row["error"] = str(e)
                 continue
@@ -511,6 +516,59 @@ def _fmt_overhead(row: dict) -> str:
 
 # ---------------------------------------------------------------------------------- driver ----
 
+def measure_steps(bench: Bench, wl: Workload, methods: list[Method], steps: int, repeats: int) -> dict:
+    """Every method's sweep, the fewer-steps baselines and the uncached reference at ``steps`` steps and the
+    seed of ``bench.config``: the measurements, not yet analysed."""
+    config = bench.config
+    ref = bench.reference(wl, steps)
+    bench.log(f"[{steps} steps] uncached: {ref['seconds']:.2f}s, {ref['forwards']} forwards, "
+              f"{ref['blocks']} blocks, k-NN {ref['knn_accuracy']:.0%}")
+    points, failed = [], []
+    calibrated: dict[str, Method | str] = {}
+    for m in methods:
+        if m.calibrate:
+            base_key = m.key.split("+")[0]
+            if base_key not in calibrated:
+                try:
+                    calibrated[base_key] = bench.calibrate(wl, m, steps)
+                except BenchError as e:
+                    calibrated[base_key] = str(e)
+            got = calibrated[base_key]
+            if isinstance(got, str):
+                failed += [{**bench._row(m, value), "error": got} for value in m.values]
+                continue
+            m = dataclasses.replace(m, fixed=got.fixed)
+        for value in m.values:
+            if m.kind == "planned":
+                try:
+                    planned, got = bench.plan(wl, m, value, steps)
+                except BenchError as e:
+                    failed.append({**bench._row(m, value), "error": str(e)})
+                    continue
+                points.append((planned, value, {"note": got["text"], "calibration_seconds": got["seconds"]}))
+            else:
+                points.append((m, value, {}))
+    rows = bench.sweep(wl, points, steps, ref, repeats, on_row=lambda row: bench.log(
+        f"[{steps} steps] {row['method']:<44} {row['setting']:<24} {_fmt_row(row)}"))
+    rows += failed
+    for row in failed:
+        bench.log(f"[{steps} steps] {row['method']:<44} {row['setting']:<24} {_fmt_row(row)}")
+    fewer = bench.fewer_steps(wl, steps, ref)
+    for row in fewer:
+        bench.log(f"[{steps} steps] {row['method']:<44} {row['setting']:<24} " + (
+            f"ERROR {row['error']}" if row.get("error") else
+            f"work {row['work']:.2f} (1/{row['work_ratio']:.2f})  PSNR {fmt_db(row['psnr']):>15}  "
+            f"SSIM {row['ssim']:.4f}  k-NN {fmt_pct(row['knn_accuracy'])}"))
+    samplers = {}
+    for sampler in config.fewer_steps_samplers:
+        samplers[sampler] = bench.fewer_steps(wl, steps, ref, sampler_name=sampler)
+        for row in samplers[sampler]:
+            bench.log(f"[{steps} steps, seed {config.seed}] {row['method']:<44} {row['setting']:<24} " + (
+                f"ERROR {row['error']}" if row.get("error") else f"work {row['work']:.2f}  PSNR {fmt_db(row['psnr'])}"))
+    return {"baseline": {k: ref[k] for k in ("blocks", "forwards", "evaluations", "seconds", "knn_accuracy")},
+            "rows": rows, "fewer_steps": fewer, "fewer_steps_samplers": samplers}
+
+
 def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) -> dict:
     started = time.perf_counter()
     if comfy is None:
@@ -523,51 +581,20 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
         bench.log(f"bench: not benchmarked: {s['node']} ({s['why']})")
     wl = measured_workload(config)
     digits: dict = {}
+    seeds = [config.seed + i for i in range(config.seeds)]
     for index, steps in enumerate(config.steps):
-        ref = bench.reference(wl, steps)
-        bench.log(f"[{steps} steps] uncached: {ref['seconds']:.2f}s, {ref['forwards']} forwards, "
-                  f"{ref['blocks']} blocks, k-NN {ref['knn_accuracy']:.0%}")
-        points, failed = [], []
-        calibrated: dict[str, Method | str] = {}
-        for m in methods:
-            if m.calibrate:
-                base_key = m.key.split("+")[0]
-                if base_key not in calibrated:
-                    try:
-                        calibrated[base_key] = bench.calibrate(wl, m, steps)
-                    except BenchError as e:
-                        calibrated[base_key] = str(e)
-                got = calibrated[base_key]
-                if isinstance(got, str):
-                    failed += [{**bench._row(m, value), "error": got} for value in m.values]
-                    continue
-                m = dataclasses.replace(m, fixed=got.fixed)
-            for value in m.values:
-                if m.kind == "planned":
-                    try:
-                        planned, got = bench.plan(wl, m, value, steps)
-                    except BenchError as e:
-                        failed.append({**bench._row(m, value), "error": str(e)})
-                        continue
-                    points.append((planned, value, {"note": got["text"], "calibration_seconds": got["seconds"]}))
-                else:
-                    points.append((m, value, {}))
         repeats = config.repeats[min(index, len(config.repeats) - 1)]
-        rows = bench.sweep(wl, points, steps, ref, repeats, on_row=lambda row: bench.log(
-            f"[{steps} steps] {row['method']:<44} {row['setting']:<24} {_fmt_row(row)}"))
-        rows += failed
-        for row in failed:
-            bench.log(f"[{steps} steps] {row['method']:<44} {row['setting']:<24} {_fmt_row(row)}")
-        fewer = bench.fewer_steps(wl, steps, ref)
-        for row in fewer:
-            bench.log(f"[{steps} steps] {row['method']:<44} {row['setting']:<24} " + (
-                f"ERROR {row['error']}" if row.get("error") else
-                f"work {row['work']:.2f} (1/{row['work_ratio']:.2f})  PSNR {fmt_db(row['psnr']):>15}  "
-                f"SSIM {row['ssim']:.4f}  k-NN {fmt_pct(row['knn_accuracy'])}"))
-        analysis = analyse(rows, fewer)
-        digits[str(steps)] = {
-            "baseline": {k: ref[k] for k in ("blocks", "forwards", "evaluations", "seconds", "knn_accuracy")},
-            "rows": rows, "fewer_steps": fewer, **analysis}
+        per_seed = []
+        for seed in seeds:  # the Bench reads the seed from its config
+            bench.config = dataclasses.replace(config, seed=seed)
+            per_seed.append({"seed": seed, **measure_steps(bench, wl, methods, steps, repeats)})
+        bench.config = config
+        w = {k: v for k, v in per_seed[0].items() if k != "seed"}  # the first seed's: the figures of one seed
+        if len(seeds) > 1:
+            w["per_seed"] = [{k: m[k] for k in ("seed", "rows", "fewer_steps", "fewer_steps_samplers")}
+                             for m in per_seed]
+        w.update(analyse_steps(w))
+        digits[str(steps)] = w
     overhead = None
     if config.overhead:
         overhead = bench.overhead([dataclasses.replace(m, values=[m.zero] if m.zero is not None else m.values[:1])
@@ -585,7 +612,7 @@ def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) ->
             "pack_commit": _pack_commit(),
             "other_packs_loaded": list(getattr(comfy, "bench_other_packs", [])),
             "steps": list(config.steps), "cfg": config.cfg, "sampler": config.sampler,
-            "scheduler": config.scheduler, "seed": config.seed, "digits": config.digits, "repeats": config.repeats,
+            "scheduler": config.scheduler, "seed": config.seed, "seeds": seeds, "digits": config.digits, "repeats": config.repeats,
             "model": config.model, "classes": config.classes,
             "taylorseer_orders": list(config.taylorseer), "curves": [m.label for m in methods],
             "targets_db": list(TARGETS), "versus_levels_db": list(VERSUS_LEVELS),

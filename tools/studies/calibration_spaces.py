@@ -53,6 +53,7 @@ class TimedVAENode:
 MODELS = {  # the bundled models a study can run on: the node that loads one, and its module
     "digits": ({"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123456789"}}, "nodes.demo_models.digits"),
     "video": ({"class_type": "CachedSamplerVideoModel", "inputs": {"classes": "01234567"}}, "nodes.demo_models.video"),
+    "photos": ({"class_type": "CachedSamplerPhotosModel", "inputs": {"classes": "01234567"}}, "nodes.demo_models.photos"),
 }
 
 

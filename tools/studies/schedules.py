@@ -35,9 +35,8 @@ def schedules(ic, budget: int) -> dict[str, object]:
     @dataclasses.dataclass(frozen=True)
     class Steps(ic.base.Decider):
         """Computes exactly the steps ``compute`` names (its ``last_step`` "forecast": the plan says)."""
-        kind = "study_steps"
-        display_name = "Study steps"
-        granularity = ic.kinds.Granularity.MODEL
+        declaration = ic.base.Decider.declaration.but(kind="study_steps", display_name="Study steps",
+                                                      granularity=ic.kinds.Granularity.MODEL)
         compute: tuple = ()
         last_step: str = "forecast"
 
@@ -69,9 +68,9 @@ def schedules(ic, budget: int) -> dict[str, object]:
             "`interval` 2, `growth` 1)": ic.FixedCadence(interval=2, growth=1.0, warmup_steps=2)}
            if budget == 8 else {}),
         **({f"even spacing with the last computed (`interval` {even[0].interval})": even[0]} if even else {}),
-        "warm-up 3, then even spacing with the last computed": Steps(compute=ic.planned.uniform_plan(STEPS, budget, 3)),
+        "warm-up 3, then even spacing with the last computed": Steps(compute=ic.methods.planned.uniform_plan(STEPS, budget, 3)),
         "even spacing from the first, the last forecast":
-            Steps(compute=ic.schedule_search.front_loaded(STEPS, budget, 1.0)),
+            Steps(compute=ic.methods.schedule_search.front_loaded(STEPS, budget, 1.0)),
     }
     for label, decider in rows.items():
         assert len(computed_steps(decider)) == budget, (label, computed_steps(decider))
@@ -108,7 +107,7 @@ class Study:
 
     def run(self, seed: int, deciders: dict) -> dict:
         """label -> (decoded-image PSNR at ``seed``, steps computed), every schedule in one prompt."""
-        from tiny_nodes import CAPTURED
+        from ..support.tiny_nodes import CAPTURED
 
         class Args:
             steps = STEPS
