@@ -146,9 +146,9 @@ class AutoCalibrate(CalibrationNode):
                     "(one run per computed step). It spends the plan's margin above min_psnr, so the plan holds "
                     "on fewer unseen seeds; 'always computed' keeps both branches.")),
                 io.Combo.Input("margin", options=MARGINS, default=MARGINS[0], optional=True, tooltip=(
-                    "For 'quality' with 'seeds' above 1: 'auto' plans for min_psnr plus a margin as large as the "
-                    "plan's PSNR differs from seed to seed (its standard deviation over the seeds checked, at most "
-                    "6 dB), so that the target also holds on seeds not checked; 'none' plans for min_psnr itself "
+                    "For 'quality' with 'seeds' above 1: 'auto' plans for min_psnr plus a margin that grows with "
+                    "how much the plan's PSNR differs from seed to seed (three times its standard deviation over the "
+                    "seeds checked, at most 6 dB), so that the target also holds on seeds not checked; 'none' plans for min_psnr itself "
                     "(cheaper plans that miss it on more unseen seeds).")),
             ],
             outputs=[chain_output(),
