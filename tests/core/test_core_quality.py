@@ -46,8 +46,8 @@ def test_the_seed_margin_is_zero_without_spread_grows_with_it_and_is_bounded():
     assert ic.seed_margin([36.0]) == 0.0, "one seed says nothing of the spread"
     assert ic.seed_margin([36.0, 36.0, 36.0]) == 0.0
     assert ic.seed_margin([36.0, math.inf, math.inf]) == 0.0, "exact results say nothing of the spread"
-    narrow, wide = ic.seed_margin([35.0, 36.0, 37.0]), ic.seed_margin([33.0, 36.0, 39.0])
+    narrow, wide = ic.seed_margin([35.0, 36.0, 37.0]), ic.seed_margin([34.5, 36.0, 37.5])
     assert 0.0 < narrow < wide
-    assert math.isclose(narrow, ic.quality.SPREAD_FACTOR * 1.0) and math.isclose(wide, ic.quality.SPREAD_FACTOR * 3.0)
+    assert math.isclose(narrow, ic.quality.SPREAD_FACTOR * 1.0) and math.isclose(wide, ic.quality.SPREAD_FACTOR * 1.5)
     assert ic.seed_margin([10.0, 40.0, 70.0]) == ic.quality.MAX_MARGIN
     assert ic.seed_margin([35.0, 37.0], cap=0.5) == 0.5
