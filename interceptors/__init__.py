@@ -15,7 +15,7 @@ from .kinds import (NEGATIVE, POSITIVE, Anchor, Cached, ChainError, Granularity,
 from .methods.magcache import MagCache, MagnitudeRecorder, recorded_ratios
 from .observers import NaNWatch
 from .methods.planned import Plan, PlannedSchedule, Recorder, calibrate, recorded_trajectory
-from .quality import Quality, image_quality, latent_psnr, latent_quality, ssim, worst_quality
+from .quality import Quality, image_quality, latent_psnr, latent_quality, seed_margin, ssim, worst_quality
 from .records import BranchKey, Evaluation, Forward
 from .reuse import ReuseLast
 from .run import Run
@@ -27,7 +27,7 @@ from .methods.teacache import TeaCache
 from .methods.verified import VerifiedBlockCache, VerifiedForecast
 
 __all__ = [
-    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal", "Anchor", "Cached", "Declaration",
+    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "seed_margin", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal", "Anchor", "Cached", "Declaration",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "Run", "POSITIVE", "NEGATIVE", "RunSummary", "build_card", "DiffusionFacts", "schedule_of", "summarize",
 ]

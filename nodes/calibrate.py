@@ -11,7 +11,7 @@ from comfy_api.latest import io
 from .. import adapter
 from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, MagCache, MagnitudeRecorder,
                             PlannedSchedule, Quality, Recorder, TaylorSeer, calibrate, image_quality, latent_quality,
-                            recorded_ratios, recorded_trajectory, worst_quality)
+                            recorded_ratios, recorded_trajectory, seed_margin, worst_quality)
 from ..interceptors.methods.guidance import PLANNED
 from ..interceptors.kinds import NEGATIVE
 from ..interceptors.methods.planned import Plan
@@ -74,6 +74,7 @@ LATENT_NOTE = (" This is latent, not image, PSNR: how it relates to image qualit
 
 SEARCHES = ["steps and forecast", "steps", "greedy"]
 NEGATIVE_BRANCH = ["always computed", "left out where the target holds"]
+MARGINS = ["auto", "none"]
 
 
 def computed_negative(run) -> bool:
@@ -122,10 +123,10 @@ class AutoCalibrate(CalibrationNode):
                     "decodes per seed for a 'quality' target at 28 steps). On the bundled digits model they took "
                     "under 0.2% of the calibration's time; a video VAE's decode can take as long as several "
                     "sampling steps.")),
-                io.Int.Input("seeds", default=1, min=1, max=64, optional=True, tooltip=(
+                io.Int.Input("seeds", default=3, min=1, max=64, optional=True, tooltip=(
                     "Check every candidate plan on this many seeds (seed, seed+1, ...) and keep the worst result, "
-                    "so the plan holds beyond one noise. Each seed adds an uncached pass and a run per plan "
-                    "checked.")),
+                    "so the plan holds beyond one noise; with 'margin' auto their spread also sets the margin. Each "
+                    "seed adds an uncached pass and a run per plan checked.")),
                 io.Combo.Input("search", options=SEARCHES, default=SEARCHES[0], optional=True, tooltip=(
                     "'steps and forecast': a dynamic program over the recorded per-step forecast errors proposes "
                     "placements for every budget (with front-loaded and even schedules, and Fixed Cadence's growing "
@@ -144,6 +145,11 @@ class AutoCalibrate(CalibrationNode):
                     "from it, half a step's work), last step first, and keeps each omission the target survives "
                     "(one run per computed step). It spends the plan's margin above min_psnr, so the plan holds "
                     "on fewer unseen seeds; 'always computed' keeps both branches.")),
+                io.Combo.Input("margin", options=MARGINS, default=MARGINS[0], optional=True, tooltip=(
+                    "For 'quality' with 'seeds' above 1: 'auto' plans for min_psnr plus a margin that grows with "
+                    "how much the plan's PSNR differs from seed to seed (three times its standard deviation over the "
+                    "seeds checked, at most 6 dB), so that the target also holds on seeds not checked; 'none' plans for min_psnr itself "
+                    "(cheaper plans that miss it on more unseen seeds).")),
             ],
             outputs=[chain_output(),
                      io.Latent.Output(display_name="uncached_latent", tooltip=(
@@ -154,8 +160,8 @@ class AutoCalibrate(CalibrationNode):
         )
 
     @classmethod
-    def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=1, search=None, candidates=4,
-                negative_branch=None, **prompt) -> io.NodeOutput:
+    def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=3, search=None, candidates=4,
+                negative_branch=None, margin=None, **prompt) -> io.NodeOutput:
         search = search or SEARCHES[0]
         leave_negative_out = negative_branch == NEGATIVE_BRANCH[1]
         node, sample, reference = cls.uncached_pass(model, prompt, Recorder)
@@ -177,37 +183,55 @@ class AutoCalibrate(CalibrationNode):
                                            schedule=tuple(schedule), sampler=recorded.sampler, node=node))
             return InterceptorChain.of(items)
 
-        def measure(compute, forecast=order, leave_out=()) -> Quality:
-            chain = plan_chain(compute, forecast=forecast, leave_out=leave_out)
-            return worst_quality(quality(ref, final(sample(chain, seed))) for ref, seed in zip(uncached, seed_list))
+        measured: dict[tuple, Quality] = {}  # a plan measured by the first search is not sampled again
 
-        goal = {"budget": budget if target == "budget" else None, "min_psnr": min_psnr if target == "quality" else None}
-        try:
+        def measure(compute, forecast=order, leave_out=()) -> Quality:
+            key = (tuple(compute), forecast, tuple(leave_out))
+            if key not in measured:
+                chain = plan_chain(compute, forecast=forecast, leave_out=leave_out)
+                measured[key] = worst_quality(quality(ref, final(sample(chain, seed)))
+                                              for ref, seed in zip(uncached, seed_list))
+            return measured[key]
+
+        def find(bound: float | None) -> Plan:
+            goal = {"budget": budget if target == "budget" else None, "min_psnr": bound}
             if search == "greedy":
-                plan = calibrate(sigmas, outputs, measure, order=order, **goal)
-            else:
-                if goal["budget"] is not None and goal["budget"] < 2:
-                    raise InterceptorError("A budget below 2 computed steps leaves nothing to forecast from.")
-                found = search_plan(sigmas, outputs, measure, orders=ORDERS if search == SEARCHES[0] else (order,),
-                                    per_budget=candidates, **goal)
-                plan = Plan(found.compute, len(sigmas), found.quality, order=found.order, runs=found.runs)
-                order = found.order
-                if leave_negative_out and target == "quality" and search == SEARCHES[0] and computed_negative(recorded):
-                    # the guidance level too: on which computed steps the negative branch may be estimated
-                    tried = []
-                    left_out, left_quality = negatives_to_leave_out(
-                        plan.compute, len(sigmas), lambda lo: tried.append(lo) or measure(plan.compute, order, lo),
-                        min_psnr)
-                    if left_out:
-                        plan = dataclasses.replace(plan, quality=left_quality, negative_left_out=left_out,
-                                                   runs=plan.runs + len(tried))
+                return calibrate(sigmas, outputs, measure, order=order, **goal)
+            if goal["budget"] is not None and goal["budget"] < 2:
+                raise InterceptorError("A budget below 2 computed steps leaves nothing to forecast from.")
+            found = search_plan(sigmas, outputs, measure, orders=ORDERS if search == SEARCHES[0] else (order,),
+                                per_budget=candidates, **goal)
+            return Plan(found.compute, len(sigmas), found.quality, order=found.order, runs=found.runs)
+
+        asked = min_psnr if target == "quality" else None
+        try:
+            plan = find(asked)
+            added = seed_margin(plan.quality.per_seed) if asked is not None and margin != MARGINS[1] else 0.0
+            if added > 0:
+                # plan again for the target plus the seeds' spread, unless the plan found already meets that
+                asked = min_psnr + added
+                if plan.quality.psnr < asked:
+                    plan = dataclasses.replace(find(asked), runs=len(measured))
+            order = plan.order if plan.order is not None else order
+            if leave_negative_out and target == "quality" and search == SEARCHES[0] and computed_negative(recorded):
+                # the guidance level too: on which computed steps the negative branch may be estimated
+                tried = []
+                left_out, left_quality = negatives_to_leave_out(
+                    plan.compute, len(sigmas), lambda lo: tried.append(lo) or measure(plan.compute, order, lo),
+                    asked)
+                if left_out:
+                    plan = dataclasses.replace(plan, quality=left_quality, negative_left_out=left_out,
+                                               runs=plan.runs + len(tried))
         except InterceptorError as e:
             raise InterceptorError(f"{node}: {e}") from None
         steps = tuple(r.step for r in recorded.records)  # how the text numbers them: steps, or evaluations of steps
         plan = dataclasses.replace(plan, steps=steps if len(steps) == len(sigmas) else ())
         text = plan.describe()
+        if asked is not None and asked > min_psnr:
+            text += (f"; planned for {asked:.2f} dB: the target {min_psnr} dB plus a margin of {asked - min_psnr:.2f} "
+                     f"dB, the spread of the PSNR over the {seeds} seeds")
         if target == "quality" and len(plan.compute) == len(sigmas):
-            text += f" (the target {min_psnr} dB needs every step computed)"
+            text += f" (the target {min_psnr if asked == min_psnr else f'{asked:.2f}'} dB needs every step computed)"
         text += "." + (LATENT_NOTE if vae is None else "")
         return io.NodeOutput(plan_chain(plan.compute, plan.quality, order, plan.negative_left_out), reference, text,
                              ui={"text": (text,)})

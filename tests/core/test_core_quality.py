@@ -33,3 +33,21 @@ def test_image_psnr_is_against_the_unit_range_and_worst_takes_each_minimum():
     worst = ic.worst_quality([ic.Quality(30.0, 0.9, "image"), ic.Quality(28.0, 0.95, "image")])
     assert (worst.psnr, worst.ssim, worst.seeds) == (28.0, 0.9, 2)
     assert "image PSNR 28.00 dB, SSIM 0.9000" in worst.describe() and "worst of 2 seeds" in worst.describe()
+
+
+def test_worst_quality_keeps_each_seeds_psnr_and_the_text_lists_them_with_the_median():
+    worst = ic.worst_quality([ic.Quality(30.0), ic.Quality(28.0), ic.Quality(33.0)])
+    assert worst.per_seed == (30.0, 28.0, 33.0) and worst.psnr == 28.0
+    assert "per seed 30.00, 28.00, 33.00 dB, median 30.00" in worst.describe()
+    assert ic.worst_quality([ic.Quality(30.0)]).per_seed == (), "one seed has no spread to list"
+
+
+def test_the_seed_margin_is_zero_without_spread_grows_with_it_and_is_bounded():
+    assert ic.seed_margin([36.0]) == 0.0, "one seed says nothing of the spread"
+    assert ic.seed_margin([36.0, 36.0, 36.0]) == 0.0
+    assert ic.seed_margin([36.0, math.inf, math.inf]) == 0.0, "exact results say nothing of the spread"
+    narrow, wide = ic.seed_margin([35.0, 36.0, 37.0]), ic.seed_margin([34.5, 36.0, 37.5])
+    assert 0.0 < narrow < wide
+    assert math.isclose(narrow, ic.quality.SPREAD_FACTOR * 1.0) and math.isclose(wide, ic.quality.SPREAD_FACTOR * 1.5)
+    assert ic.seed_margin([10.0, 40.0, 70.0]) == ic.quality.MAX_MARGIN
+    assert ic.seed_margin([35.0, 37.0], cap=0.5) == 0.5

@@ -1,5 +1,6 @@
 """Auto Calibrate's search (steps and forecast) through ComfyUI's executor, on the bundled digits model."""
 import math
+import statistics
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ def _prompt(seed=3, **calibration):
                 "positive": ["digits", 1], "negative": ["digits", 2], "latent_image": ["digits", 3], "denoise": 1.0}
     prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
         "model": ["digits", 0], **sampling, "seed": seed, "target": "quality", "min_psnr": 35.0, "budget": 8,
-        "order": 1, **calibration}}
+        "order": 1, "seeds": 1, **calibration}}  # one seed unless a test is about more
     return prompt, sampling
 
 
@@ -45,6 +46,34 @@ def test_the_searched_plan_meets_its_image_target_on_a_held_out_seed_with_less_w
     assert "image PSNR" in text and "plans measured" in text
     held_out = _image_psnr(comfy, CAPTURED["out"], CAPTURED["ref"])
     assert 35.0 <= held_out < math.inf, f"seed 9 was never seen by the calibration: {held_out:.2f} dB ({text})"
+
+
+def _calibrated(comfy, **calibration):
+    """Auto Calibrate as a new node has it (3 seeds, the margin 'auto'), search 'steps', latent PSNR 35 dB at seed 3;
+    its plan sampled at seed 4, the second of its seeds, as out4 against ref4; the plan text."""
+    prompt, sampling = _prompt(search="steps", **calibration)
+    del prompt["calibrate"]["inputs"]["seeds"]
+    _sample(prompt, sampling, "out4", 4)
+    _sample(prompt, sampling, "ref4", 4, chain=False)
+    _, ui = comfy.run(prompt)
+    return ui["calibrate"]["text"][0]
+
+
+def test_on_three_seeds_the_text_gives_each_seeds_psnr_and_the_worst_meets_the_target_plus_the_margin(comfy):
+    text = _calibrated(comfy)
+    per_seed = [float(v) for v in text.split("per seed ")[1].split(" dB")[0].split(", ")]
+    assert len(per_seed) == 3 and "worst of 3 seeds" in text, text
+    assert abs(float(text.split("latent PSNR ")[1].split(" dB")[0]) - min(per_seed)) < 0.006, text
+    assert abs(float(text.split("median ")[1].split(")")[0]) - statistics.median(per_seed)) < 0.006, text
+    again = comfy.module("interceptors").latent_psnr(CAPTURED["ref4"], CAPTURED["out4"])
+    assert abs(again - per_seed[1]) < 0.01, f"seed 4 sampled again reads {again:.3f} dB ({text})"
+    margin = float(text.split("a margin of ")[1].split(" dB")[0])
+    assert 0.0 < margin <= 6.0, text
+    assert min(per_seed) >= 35.0 + margin - 0.006, f"the plan misses target + margin on its worst seed: {text}"
+    computed = int(text.split("compute ")[1].split("/")[0])
+    unmargined = _calibrated(comfy, margin="none")
+    assert "margin" not in unmargined and "per seed " in unmargined, unmargined
+    assert int(unmargined.split("compute ")[1].split("/")[0]) <= computed, "a margin never buys a cheaper plan"
 
 
 def test_a_target_no_skip_can_meet_computes_everything_bit_identically(comfy):

@@ -19,7 +19,7 @@ def test_auto_calibrate_budget_plan_runs_in_the_cached_sampler(comfy):
     prompt, sampling = _digits_prompt()
     prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
         "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 5,
-        "order": 1}}
+        "order": 1, "seeds": 1}}
     prompt["sampler"] = {"class_type": "CachedSampler", "inputs": {
         "model": ["count", 0], **sampling, "denoise": 1.0, "interceptors": ["calibrate", 0]}}
     prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": "out"}}
@@ -67,7 +67,7 @@ def _calibrate_and_sample(comfy, sample_seeds=(3,), **calibration):
     prompt, sampling = _digits_prompt()
     prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
         "model": ["digits", 0], **sampling, "seed": sample_seeds[0], "denoise": 1.0, "target": "budget",
-        "min_psnr": 35.0, "budget": 5, "order": 1, **calibration}}
+        "min_psnr": 35.0, "budget": 5, "order": 1, "seeds": 1, **calibration}}
     for seed in sample_seeds:
         for key, chain in (("out", {"interceptors": ["calibrate", 0]}), ("ref", {})):
             prompt[f"{key}{seed}"] = {"class_type": "CachedSampler", "inputs": {
