@@ -57,6 +57,25 @@ MODELS = {  # the bundled models a study can run on: the node that loads one, an
 }
 
 
+def register_study_chains(app, chains: dict) -> None:
+    """Register the study's chain node, ``ToolStudyChain``: its ``key`` input names the chain of ``chains`` (filled
+    by the study before each prompt) it outputs, so a prompt can use chains the config nodes cannot express."""
+
+    class StudyChain:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"key": ("STRING", {"default": ""})}}
+
+        RETURN_TYPES = ("CACHED_SAMPLER_CHAIN",)
+        FUNCTION = "chain"
+        CATEGORY = "testing"
+
+        def chain(self, key):
+            return (chains[key],)
+
+    app.nodes.NODE_CLASS_MAPPINGS["ToolStudyChain"] = StudyChain
+
+
 def start_study(model: str = "digits"):
     """A headless ComfyUI with the pack and the timed VAE node, quiet progress bars; (the app, the pack's
     interceptors module, the bundled ``model``'s decoder)."""

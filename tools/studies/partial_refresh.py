@@ -24,7 +24,7 @@ import argparse
 import dataclasses
 import statistics
 
-from .calibration_spaces import base_prompt, capture, sampling, start_study  # noqa: E402
+from .calibration_spaces import base_prompt, capture, register_study_chains, sampling, start_study  # noqa: E402
 
 STEPS = 28
 CALIBRATION_SEED = 1
@@ -101,21 +101,7 @@ class Study:
         self.whole, self.blocks, self.forecast = study_classes(self.ic)
         self.chains: dict[str, object] = {}
         self.references: dict[int, object] = {}
-        study = self
-
-        class StudyChain:
-            @classmethod
-            def INPUT_TYPES(cls):
-                return {"required": {"key": ("STRING", {"default": ""})}}
-
-            RETURN_TYPES = ("CACHED_SAMPLER_CHAIN",)
-            FUNCTION = "chain"
-            CATEGORY = "testing"
-
-            def chain(self, key):
-                return (study.chains[key],)
-
-        self.app.nodes.NODE_CLASS_MAPPINGS["ToolStudyChain"] = StudyChain
+        register_study_chains(self.app, self.chains)
 
     def chain(self, full, partial=(), kept=True, stack=False):
         if stack:  # the block stack forecast whole: no front, no back blocks

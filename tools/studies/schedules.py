@@ -20,7 +20,7 @@ import dataclasses
 import statistics
 
 
-from .calibration_spaces import MODELS, base_prompt, capture, sampling, start_study  # noqa: E402
+from .calibration_spaces import MODELS, base_prompt, capture, register_study_chains, sampling, start_study  # noqa: E402
 
 STEPS = 28  # cfg 3, euler / simple: calibration_spaces.sampling, as the bench
 BUDGETS = (8, 12)  # computed steps of 28: Spectrum's 8 (3.5x), and a gentler 12 (2.3x)
@@ -89,21 +89,7 @@ class Study:
         self.decode = app.module(MODELS[model][1]).decode
         self.executor = app.executor()
         self.chains: dict[str, object] = {}
-        study = self
-
-        class StudyChain:
-            @classmethod
-            def INPUT_TYPES(cls):
-                return {"required": {"key": ("STRING", {"default": ""})}}
-
-            RETURN_TYPES = ("CACHED_SAMPLER_CHAIN",)
-            FUNCTION = "chain"
-            CATEGORY = "testing"
-
-            def chain(self, key):
-                return (study.chains[key],)
-
-        app.nodes.NODE_CLASS_MAPPINGS["ToolStudyChain"] = StudyChain
+        register_study_chains(app, self.chains)
 
     def run(self, seed: int, deciders: dict) -> dict:
         """label -> (decoded-image PSNR at ``seed``, steps computed), every schedule in one prompt."""
