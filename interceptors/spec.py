@@ -96,6 +96,7 @@ class MethodSpec:
     sweep: Sweep | None = None           # None: the bench does not sweep it on its own (an estimator)
     memory: tuple[MemoryRow, ...] = ()
     examples: tuple[Example, ...] = ()   # what the shared guarantees run it in
+    summary: str = dataclasses.field(kw_only=True)  # required: the README's one-line "What it does" of the node
 
     def defaults(self) -> dict:
         """Every widget at its default, as a fresh node has them."""

@@ -120,4 +120,5 @@ SPECS = (MethodSpec(
                                     dict(threshold=0.0, max_consecutive_cached=-1, **WINDOW)),),
                       core=dict(threshold=0.6)),),
     memory=(MemoryRow("Adaptive Cache"),),
+    summary="EasyCache-style runtime-adaptive whole-model cache. Any model.",
 ),)

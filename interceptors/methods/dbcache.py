@@ -160,6 +160,7 @@ SPECS = (
                 ("TaylorSeer", dict(order=2), dict(order=2)))),
         ),
         memory=(MemoryRow("DBCache, First Block Cache"),),
+        summary="Probe-driven block cache. Block-hooked models.",
     ),
     MethodSpec(
         "FirstBlockCache", "First Block Cache",
@@ -187,5 +188,6 @@ SPECS = (
                                       **WINDOW)),)),
         ),
         sweep=Sweep("fbcache", _THRESHOLD_SWEEP, quick=(0.0, 0.15, 0.3)),
+        summary="DBCache with Fn=1, Bn=0.",
     ),
 )

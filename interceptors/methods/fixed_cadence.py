@@ -149,4 +149,8 @@ SPECS = (MethodSpec(
              dict(window=4, degree=1, ridge=0.1, blend=0.5, order=1)))),
     ),
     memory=(MemoryRow("Fixed Cadence"),),
+    summary=(
+        "Compute every N-th step after the first `warmup_steps`; `growth` (added) and `growth_ratio` "
+        "(multiplied) widen the interval after each computed step, and with `last_step` forecast they give "
+        "Spectrum's schedule. Any model."),
 ),)

@@ -282,4 +282,7 @@ SPECS = (MethodSpec(
     # its own history of the negative branch, whatever estimator the chain has
     memory=(MemoryRow("Guidance Cache (difference forecast)", settings={}),
             MemoryRow("Guidance Cache, adaptive", settings={"mode": "adaptive"})),
+    summary=(
+        "Computes the negative CFG branch only on some steps and estimates it from the positive one. Any model; "
+        "composes with a step/block cache and TaylorSeer."),
 ),)

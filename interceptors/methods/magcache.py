@@ -232,4 +232,5 @@ SPECS = (MethodSpec(
                                     dict(threshold=0.0, K=2, retention_ratio=0.0, model_type="auto", custom_ratios="",
                                          **WINDOW)),)),),
     memory=(MemoryRow("MagCache"),),
+    summary="Magnitude-ratio error model. Published curves or your own calibration.",
 ),)

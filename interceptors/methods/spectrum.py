@@ -193,4 +193,7 @@ SPECS = (MethodSpec(
         ("Bundled digits model, 50 steps (measured)", "Fixed Cadence 3: 46.5 dB with the defaults, 52.9 dB with "
                                                       "degree 2, window 6, ridge 0; TaylorSeer order 1: 56.4 dB"),
     )),
+    summary=(
+        "Forecasts skipped work from a ridge Chebyshev fit in sigma blended with TaylorSeer's line; keeps up to "
+        "`window` values. Needs a decider in the chain."),
 ),)

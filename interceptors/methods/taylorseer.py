@@ -95,4 +95,5 @@ SPECS = (MethodSpec(
     ), families=(
         ("Any model", "order 1; order 2 overshoots on long gaps, order 0 is plain reuse"),
     )),
+    summary="Forecasts skipped work in sigma instead of reusing it. Needs a decider in the chain.",
 ),)

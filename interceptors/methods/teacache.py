@@ -142,4 +142,5 @@ SPECS = (MethodSpec(
                       core=dict(model_type="auto")),),
     # no published polynomial for Qwen-Image: the node refuses the model
     memory=(MemoryRow("TeaCache", not_for=("qwen_image",)),),
+    summary="Timestep-modulated input change with the published polynomials. Flux, HunyuanVideo, LTXV, Wan 2.1.",
 ),)

@@ -304,6 +304,9 @@ SPECS = (
              dict(threshold=0.0, max_consecutive_cached=-1, **WINDOW)),
             ("TaylorSeer", dict(order=1), dict(order=1)))),),
         memory=(MemoryRow("Verified Forecast"),),
+        summary=(
+            "Skips the model while the predicted error of the forecast replacing it stays under the threshold; checked "
+            "against the model on every computed step. Any model; chain TaylorSeer after it."),
     ),
     MethodSpec(
         "VerifiedBlockCache", "Verified Block Cache",
@@ -345,5 +348,8 @@ SPECS = (
              dict(Fn=1, Bn=1, threshold=0.0, refresh_ratio=2.0, max_consecutive_cached=-1, **WINDOW)),
             ("TaylorSeer", dict(order=2), dict(order=2)))),),
         memory=(MemoryRow("Verified Block Cache"),),
+        summary=(
+            "The probe blocks' forecast is checked against what they computed; three tiers (forecast everything after "
+            "the probe, refresh the back blocks, compute). Block-hooked models."),
     ),
 )

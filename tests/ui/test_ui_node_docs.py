@@ -72,6 +72,25 @@ def test_committed_pages_equal_the_generators_output(defs):
     assert make_node_docs.committed() == pages, "web/docs is stale: run python3 -m cached_sampler_dev.generate.make_node_docs"
 
 
+def test_the_readme_caching_node_table_is_the_specs():
+    """The README's rows of the caching nodes are the generator's output: a spec whose inputs or summary changed
+    without regenerating fails here, and every row names each of the node's inputs."""
+    from cached_sampler_dev.devkit.pack import load
+    from cached_sampler_dev.generate.marked_block import block
+    readme = make_node_docs.README.read_text(encoding="utf-8")
+    assert block(make_node_docs.README_BEGIN, make_node_docs.README_END, make_node_docs.readme_table()) in readme, (
+        "README.md's table of caching nodes is stale: run python3 -m cached_sampler_dev.generate.make_node_docs")
+    rows = {line.split(" | ")[0][2:]: line for line in make_node_docs.readme_table().splitlines()[2:]}
+    specs = load("interceptors.methods").SPECS
+    assert list(rows) == [spec.display_name for spec in specs]
+    for spec in specs:
+        assert spec.summary.strip() and "\n" not in spec.summary and "|" not in spec.summary, spec.name
+        inputs = rows[spec.display_name].split(" | ")[1]
+        for i in spec.inputs:
+            named = f"`{i.name}`" in inputs or (i.name.endswith("_percent") and "percents" in inputs)
+            assert named, (spec.name, i.name)
+
+
 def test_a_prose_text_without_its_chinese_stops_the_generator(defs, monkeypatch):
     prose = dict(make_node_docs.PROSE)
     prose["CachedSamplerTaylorSeer"] = dict(prose["CachedSamplerTaylorSeer"], when=["A sentence nobody translated."])
