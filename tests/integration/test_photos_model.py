@@ -137,23 +137,7 @@ class PhotosCountWork(CountWork):
 
 
 def _prompt(chain_nodes=None, key="out"):
-    prompt = {"photos": {"class_type": "CachedSamplerPhotosModel", "inputs": {"classes": CLASSES}},
-              "work": {"class_type": "TestPhotosCountWork", "inputs": {"model": ["photos", 0], "key": key + "w"}}}
-    inputs = {"model": ["work", 0], "seed": 0, "steps": STEPS, "cfg": 3.0, "sampler_name": "euler",
-              "scheduler": "simple", "positive": ["photos", 1], "negative": ["photos", 2],
-              "latent_image": ["photos", 3], "denoise": 1.0}
-    node_type = "KSampler"
-    if chain_nodes:
-        last = None
-        for i, (class_type, node_inputs) in enumerate(chain_nodes):
-            last = graphs.config(prompt, f"m{i}", class_type, upstream=last, **node_inputs)
-        inputs["interceptors"] = [last, 0]
-        node_type = "CachedSampler"
-    prompt["sampler"] = {"class_type": node_type, "inputs": inputs}
-    prompt["capture"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": key}}
-    prompt["decode"] = {"class_type": "VAEDecode", "inputs": {"samples": ["sampler", 0], "vae": ["photos", 4]}}
-    prompt["preview"] = {"class_type": "PreviewImage", "inputs": {"images": ["decode", 0]}}
-    return prompt
+    return graphs.demo_model_prompt("CachedSamplerPhotosModel", CLASSES, "TestPhotosCountWork", STEPS, chain_nodes, key)
 
 
 def _run(comfy, prompt, key="out"):

@@ -109,23 +109,7 @@ class VideoCountWork(CountWork):
 
 
 def _prompt(chain_nodes=None, steps=STEPS, key="out"):
-    prompt = {"video": {"class_type": "CachedSamplerVideoModel", "inputs": {"classes": CLASSES}},
-              "work": {"class_type": "TestVideoCountWork", "inputs": {"model": ["video", 0], "key": key + "w"}}}
-    inputs = {"model": ["work", 0], "seed": 0, "steps": steps, "cfg": 3.0, "sampler_name": "euler",
-              "scheduler": "simple", "positive": ["video", 1], "negative": ["video", 2],
-              "latent_image": ["video", 3], "denoise": 1.0}
-    node_type = "KSampler"
-    if chain_nodes:
-        last = None
-        for i, (class_type, node_inputs) in enumerate(chain_nodes):
-            last = graphs.config(prompt, f"m{i}", class_type, upstream=last, **node_inputs)
-        inputs["interceptors"] = [last, 0]
-        node_type = "CachedSampler"
-    prompt["sampler"] = {"class_type": node_type, "inputs": inputs}
-    prompt["capture"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": key}}
-    prompt["decode"] = {"class_type": "VAEDecode", "inputs": {"samples": ["sampler", 0], "vae": ["video", 4]}}
-    prompt["preview"] = {"class_type": "PreviewImage", "inputs": {"images": ["decode", 0]}}
-    return prompt
+    return graphs.demo_model_prompt("CachedSamplerVideoModel", CLASSES, "TestVideoCountWork", steps, chain_nodes, key)
 
 
 def _run(comfy, prompt, key="out"):

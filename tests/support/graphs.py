@@ -122,3 +122,28 @@ def tiny_prompt(chain=True, threshold=0.25, node_type="CachedSampler", steps=12)
     prompt["preview"] = {"class_type": "PreviewImage", "inputs": {"images": ["decode", 0]}}
     prompt["plot"] = {"class_type": "PreviewImage", "inputs": {"images": ["sampler", 1]}}
     return prompt
+
+
+def demo_model_prompt(loader: str, classes: str, count_work: str, steps: int, chain_nodes=None,
+                      key: str = "out") -> dict:
+    """A bundled class-conditional demo model (``loader``: its node type) sampled with euler at cfg 3, seed 0:
+    KSampler, or the Cached Sampler running ``chain_nodes`` ((class_type, inputs), chained in order). The model
+    goes through the work-counting node ``count_work`` (captured as ``key + "w"``), the latent is captured as
+    ``key`` and decoded by the model's own decoder."""
+    prompt = {"demo": {"class_type": loader, "inputs": {"classes": classes}},
+              "work": {"class_type": count_work, "inputs": {"model": ["demo", 0], "key": key + "w"}}}
+    inputs = {"model": ["work", 0], "seed": 0, "steps": steps, "cfg": 3.0, "sampler_name": "euler",
+              "scheduler": "simple", "positive": ["demo", 1], "negative": ["demo", 2],
+              "latent_image": ["demo", 3], "denoise": 1.0}
+    node_type = "KSampler"
+    if chain_nodes:
+        last = None
+        for i, (class_type, node_inputs) in enumerate(chain_nodes):
+            last = config(prompt, f"m{i}", class_type, upstream=last, **node_inputs)
+        inputs["interceptors"] = [last, 0]
+        node_type = "CachedSampler"
+    prompt["sampler"] = {"class_type": node_type, "inputs": inputs}
+    prompt["capture"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["sampler", 0], "key": key}}
+    prompt["decode"] = {"class_type": "VAEDecode", "inputs": {"samples": ["sampler", 0], "vae": ["demo", 4]}}
+    prompt["preview"] = {"class_type": "PreviewImage", "inputs": {"images": ["decode", 0]}}
+    return prompt
