@@ -178,6 +178,22 @@ def lr_at(step, total, base_lr, warmup):
     return base_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def optimiser_step(out, target, opt, params, ema, ema_decay):
+    """One step on the velocity MSE: clipped gradients (norm 1), the optimiser, then the EMA copy of ``params``
+    moved towards them. Returns the loss."""
+    import torch
+
+    loss = torch.nn.functional.mse_loss(out, target)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    with torch.no_grad():
+        for e, p in zip(ema, params):
+            e.lerp_(p, 1.0 - ema_decay)
+    return loss.item()
+
+
 def check_patches_exact(net, x, t, context, pooled):
     """The training patches must not change the forward output."""
     import torch
@@ -242,15 +258,7 @@ def train(dm, args):
             group["lr"] = lr_at(step, total, args.lr, args.warmup)  # total is set before warm-up ends
         with trainable_flux():
             out = net(x_t, t, context=ctx, y=pool)  # timestep = sigma * multiplier(1)
-        loss = torch.nn.functional.mse_loss(out, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        with torch.no_grad():
-            for e, p in zip(ema, params):
-                e.lerp_(p, 1.0 - args.ema)
-        losses.append(loss.item())
+        losses.append(optimiser_step(out, target, opt, params, ema, args.ema))
         step += 1
         elapsed = time.time() - start
         if not args.steps and step == calibrate:

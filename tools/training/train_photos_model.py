@@ -70,15 +70,7 @@ def train(pm, args):
             group["lr"] = common.lr_at(step, total, args.lr, args.warmup)  # total is set before warm-up ends
         with common.trainable_flux():
             out = net(x_t, t, context=ctx, y=pool)  # timestep = sigma * multiplier(1)
-        loss = torch.nn.functional.mse_loss(out, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        with torch.no_grad():
-            for e, p in zip(ema, params):
-                e.lerp_(p, 1.0 - args.ema)
-        losses.append(loss.item())
+        losses.append(common.optimiser_step(out, target, opt, params, ema, args.ema))
         step += 1
         elapsed = time.time() - start
         if not args.steps and step == calibrate:

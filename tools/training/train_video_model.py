@@ -127,15 +127,7 @@ def train(vm, args):
             group["lr"] = common.lr_at(step, args.steps, args.lr, args.warmup)
         with trainable_wan():
             out = net(x_t, t * 1000.0, context)  # timestep = sigma * multiplier (1000)
-        loss = torch.nn.functional.mse_loss(out, target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        with torch.no_grad():
-            for e, p in zip(ema, params):
-                e.lerp_(p, 1.0 - args.ema)
-        losses.append(loss.item())
+        losses.append(common.optimiser_step(out, target, opt, params, ema, args.ema))
         if (step + 1) % 50 == 0 or step + 1 == args.steps:
             tail = losses[-50:]
             line = f"step {step + 1}/{args.steps} loss {sum(tail) / len(tail):.4f} {time.time() - start:.0f}s"
