@@ -40,8 +40,8 @@ The hooks:
 Under ComfyUI's native multi-GPU path (``model_options["multigpu_clones"]``, set by its MultiGPU CFG Split node)
 the conds of one evaluation run on several devices at once, each from a thread of its own, and every thread
 reaches these wrappers and block replacements with the same run state. A chain whose deciders decide from the
-schedule decides each evaluation on the sampler's thread first and the threads share it; one whose measure adds
-up over rows (DBCache, First Block Cache, TeaCache) is decided by the evaluation's threads together, told how
+schedule decides each evaluation on the sampler's thread first and the threads share it; one whose measures the
+threads can join (every measuring decider of the pack) is decided by the evaluation's threads together, told how
 many there are by the conds batching wrapper (:func:`conflicts.share_decisions`, :func:`conflicts.expect_threads`,
 ``interceptors/threads.py``); any other run is switched off at its first evaluation with a note, and every hook
 hands its work straight to the model (:func:`conflicts.native_multigpu`).

@@ -96,17 +96,17 @@ def multigpu_note(model_options: dict, deciders=()) -> str:
            f"computes in a way the devices' threads cannot add up" if deciders else "")
     return (f"ComfyUI's native multi-GPU (MultiGPU CFG Split) ran this run's conditionings on {count} devices{where}"
             f" at once, one thread each{why}: caching was switched off for the run, every step was "
-            f"computed in full and the output is plain sampling's. Fixed Cadence, MagCache, Auto Calibrate, the "
-            f"Guidance Cache, DBCache, First Block Cache and TeaCache cache there; or sample on one device.")
+            f"computed in full and the output is plain sampling's. Every caching node of Cached Sampler caches "
+            f"there; or sample on one device.")
 
 
 def share_decisions(run: LoopState, model_options: dict) -> None:
     """Under the native multi-GPU path, the devices' threads run the branches of an evaluation at once, and share
     each decision, as the branches of one batched forward do. Deciders that decide from the schedule alone decide
-    each evaluation before them, on the sampler's thread; those whose measure adds up over rows (DBCache, First
-    Block Cache, TeaCache) are decided by the threads together, each measuring its rows (``threads.gathers``,
-    counted by :func:`expect_threads`); any other measuring decider would decide on one device's branch,
-    whichever came first: the run is switched off then."""
+    each evaluation before them, on the sampler's thread; those whose measures the threads can join (every
+    measuring decider of the pack) are decided by the threads together, each measuring its rows
+    (``threads.gathers``, counted by :func:`expect_threads`); any other measuring decider would decide on one
+    device's branch, whichever came first: the run is switched off then."""
     measuring = [d for d in run.chain.deciders if d.signal not in (Signal.NONE, Signal.GUIDANCE)]
     apart = [d for d in measuring if not gathers(d)]
     if apart:

@@ -15,7 +15,7 @@ import torch
 from .cards import ModelCard
 from .kinds import LAST_STEP_CHOICES, LAST_STEP_COMPUTE, Granularity, InterceptorError, Role, Signal, check_range
 from .memory import Footprint
-from .metrics import Measure
+from .metrics import Measure, combined
 from .records import Evaluation, Forward
 from .run import Run
 
@@ -61,8 +61,9 @@ class Declaration:
     metric_secondary: bool = False
     # What it keeps between steps per CFG branch, for interceptors/memory.py's arithmetic; None: not counted there.
     footprint: Footprint | None = None
-    # True: its measure is a ratio of sums over rows, every sum read by the rule on the evaluation's first call, so
-    # the devices' threads of native multi-GPU can add their sums up and decide once, as one device (threads.py).
+    # True: what it measures can be taken by each device's thread of native multi-GPU on its own rows and joined
+    # (``Decider.gathered``) into what one device measures on all of them, so the threads decide once, as one
+    # device (threads.py); what it measures after a computed step is pooled over them the same way.
     gathers_over_threads: bool = False
 
     def but(self, **changes) -> "Declaration":
@@ -195,6 +196,17 @@ class Decider(Interceptor):
         evaluation's schedule place (``ev.sigma``, ``ev.step``, ``ev.progress``): the sampler's sigma may still be on
         the device, and reading it then raises :class:`~.records.PlaceNotRead`."""
         return []
+
+    def gathered(self, parts: list[list[Measure]]) -> list[Measure] | None:
+        """What :meth:`measure` would have returned over the rows of every device thread of an evaluation, from
+        each thread's own measures (``parts``, transferred, in the order of the rows' branches), for a decider
+        that ``gathers_over_threads``: by default each measure's sums added before its ratio
+        (:func:`~.metrics.combined`). None where they cannot be joined: the evaluation is computed."""
+        counts = {len(measured) for measured in parts}
+        if len(counts) != 1:
+            return None  # the threads measured differently (one had no anchor yet)
+        joined = [combined([measured[i] for measured in parts]) for i in range(counts.pop())]
+        return None if any(m is None for m in joined) else joined
 
     def decide(self, run: Run, ev: Evaluation, signals: dict[Any, torch.Tensor] | None,
                measured: list[Measure]) -> bool:

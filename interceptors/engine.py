@@ -141,7 +141,7 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
                              if run.caches.has(k, "output")}
     for key, eps in outputs.items():
         run.caches.store(key, "output", eps, ev.sigma)
-    decider.computed(run, ev, forward, signals, outputs)
+    run.computed(decider, forward, signals, outputs)
     return out
 
 
@@ -308,5 +308,5 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
             run.caches.store_residual(key, segment, k, value, ev.sigma)
             forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
     if segment == len(plan.segments) - 1:
-        decider.computed(run, ev, forward, forward.signals.get(decider.id))
+        run.computed(decider, forward, forward.signals.get(decider.id))
     return out

@@ -196,6 +196,14 @@ class LoopState:
                 return self.threads.decide(self, decider, signals)
             return self.decisions.decide(self, decider, signals)
 
+    def computed(self, decider: Decider, forward: Forward, signals: dict[BranchKey, torch.Tensor] | None,
+                 outputs: dict[BranchKey, torch.Tensor] | None = None) -> None:
+        """Tell ``decider`` that ``forward`` was computed (``Decider.computed``), under the lock: the devices'
+        threads of native multi-GPU finish the forwards of one evaluation at once, and what the decider keeps
+        for the whole run they share."""
+        with self._lock:
+            decider.computed(self, forward.evaluation, forward, signals, outputs)
+
     def gather_device_threads(self) -> None:
         """The forwards of each evaluation run on several devices' threads at once: measured decisions are taken
         by them together (:class:`~.threads.DeviceThreads`), told how many there are (``threads.expect``)."""

@@ -19,14 +19,15 @@ import os
 import threading
 
 from .base import Decider
-from .metrics import combined
+from .metrics import combined, deliver, terms_of
 
-# The deciders that declare ``gathers_over_threads`` (DBCache, First Block Cache, TeaCache) measure a ratio of sums
-# over rows, every sum read by the rule (decide) on the evaluation's first call: gathered over the threads, they
-# decide as on one device. The others measure in ways that do not add up across threads: Adaptive Cache and the
-# Verified Forecast measure their rate or error after a computed step on the evaluation's first forward only (one
-# device's branch); the Verified Block Cache's sums are per branch products, paired with per-branch forecasts in its
-# rule. They stay switched off under native multi-GPU.
+# Every measuring decider of the pack declares ``gathers_over_threads``. DBCache, First Block Cache, TeaCache,
+# Adaptive Cache and the Verified Forecast measure ratios of sums over rows, added up over the threads
+# (``Decider.gathered``); the Verified Block Cache's sums are per-branch products, which the threads' lists join
+# (its branches one after the other). Adaptive Cache and the Verified Forecast also measure after a computed step,
+# on one device by the evaluation's first forward: there each thread's first forward measures its rows, and the
+# sums are pooled (:class:`AfterComputed`), so the rate or error is that of all the rows, as one device batching
+# them measures it. A decider that declares nothing is switched off under native multi-GPU.
 
 # The longest a device's thread waits for the others of its evaluation. They start together, so what it waits is
 # how far the slowest device lags behind in reaching the measure: far less than a step, on any devices.
@@ -50,6 +51,53 @@ def thread_wait(wait_s: float | None = None) -> float:
     if not (wait_s > 0 and math.isfinite(wait_s)):
         raise ValueError(f"{WAIT_ENV} must be a positive number of seconds, got {wait_s!r}.")
     return float(wait_s)
+
+
+class AfterComputed:
+    """What a decider measures after a computed evaluation, by its first forward (another forward of it, of split
+    CFG, only moves anchors); where several devices' threads run the evaluation, by the first forward of each
+    thread, whose sums are added when read (:func:`~.metrics.combined`). One per decider's run state, changed
+    under the run's lock (``LoopState.computed``)."""
+
+    def __init__(self):
+        self.index: int | None = None   # the evaluation measuring
+        self.threads: set[int] = set()  # the threads that measured in it
+        self.parts: list[list | None] = []  # their measures once read, each thread's in the same order
+
+    def admit(self, run, ev_index: int) -> bool:
+        """Whether the forward now told it computed measures: the first of evaluation ``ev_index``, or under
+        native multi-GPU (``run.threads``) the first of its device's thread."""
+        thread = threading.get_ident()
+        if self.index != ev_index:
+            self.index, self.threads, self.parts = ev_index, {thread}, []
+            return True
+        if run.threads is None or thread in self.threads:
+            return False
+        self.threads.add(thread)
+        return True
+
+    def add(self, run, measures: list, then) -> None:
+        """Read ``measures`` with the run's next transfer, then hand ``then`` the values pooled over every admitted
+        forward's measures read so far. The last read is of all of them, and it comes before the next decision:
+        an evaluation's forwards all end before the next evaluation decides."""
+        parts, slot = self.parts, len(self.parts)
+        parts.append(None)  # filled when read: until then the sums on the device belong to the pending read only
+
+        def read(host):
+            deliver(measures, host)
+            for m in measures:
+                m.terms = []  # read: the values are what is kept
+            parts[slot] = measures
+            if all(part is not None for part in parts):
+                then(_pooled(parts))
+        run.read_later(terms_of(measures), read)
+
+
+def _pooled(parts: list[list]) -> list:
+    if len(parts) == 1:
+        return [m.value() for m in parts[0]]
+    joined = [combined([part[i] for part in parts]) for i in range(len(parts[0]))]
+    return [None if m is None else m.value() for m in joined]
 
 
 class _Meeting:
@@ -120,13 +168,8 @@ class DeviceThreads:
         """The last thread to arrive: the one decision, from every thread's measures and signals together."""
         parts = sorted(meeting.parts, key=lambda part: part[0])
         signals = {key: value for _, mine, _ in parts for key, value in (mine or {}).items()}
-        counts = {len(measured) for _, _, measured in parts}
-        joined = [combined([measured[i] for _, _, measured in parts]) for i in range(counts.pop())] \
-            if len(counts) == 1 else None
-        if joined is None or any(m is None for m in joined):
-            compute = True  # the threads measured differently (one had no anchor yet): compute, as the rule would
-        else:
-            compute = bool(decider.decide(run, ev, signals, joined))
+        joined = decider.gathered([measured for _, _, measured in parts])
+        compute = True if joined is None else bool(decider.decide(run, ev, signals, joined))
         ev.decided_on[decider.id] = set(signals)
         ev.decisions[decider.id] = compute
         meeting.done = True

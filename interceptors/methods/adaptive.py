@@ -9,7 +9,8 @@ core EasyCache, the input change is per step (the paper's rule), nothing is kept
 handed, and the decision is shared by every CFG branch while each branch keeps its own cache. The
 rate is measured once per computed evaluation (by its first forward), whatever the branches are, so
 a conditioning that changes mid-run (prompt switching, cond/uncond batched differently) costs one
-computed step and caching goes on.
+computed step and caching goes on. Under ComfyUI's native multi-GPU path each device's thread measures its own
+branches and the sums are added (``threads.py``): the same rate and decisions as one device batching them.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import dataclasses
 from ..base import Decider
 from ..kinds import LAST_STEP_COMPUTE, Anchor, Cached, Granularity, Signal, check_range
 from ..memory import Footprint
-from ..metrics import deliver, mean_abs_diff_of, mean_abs_of, terms_of
+from ..metrics import mean_abs_diff_of, mean_abs_of
+from ..threads import AfterComputed
 from ..spec import (Example, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, max_consecutive_input,
                     percent_inputs, threshold_input)
 
@@ -32,6 +34,7 @@ class AdaptiveCache(Decider):
         footprint=Footprint(Cached.MODEL_OUTPUTS, anchor=Anchor.MODEL_ANCHORS),
         granularity=Granularity.MODEL,
         signal=Signal.MODEL_INPUT,
+        gathers_over_threads=True,
     )
 
     threshold: float = 0.1
@@ -47,19 +50,22 @@ class AdaptiveCache(Decider):
         x_last: dict = dataclasses.field(default_factory=dict)    # model input at the previous evaluation
         x_anchor: dict = dataclasses.field(default_factory=dict)  # input and output (eps) at the last computed one
         v_anchor: dict = dataclasses.field(default_factory=dict)
+        # the anchors before them, which the later devices' threads of the evaluation that moved them measure against
+        previous: tuple = ({}, {})
         rate: float | None = None                                 # k, from the last two computed evaluations
         accumulated: float = 0.0
-        anchored_at: int | None = None                            # evaluation that last moved the anchors
+        changes: AfterComputed = dataclasses.field(default_factory=AfterComputed)  # from which the rate is taken
 
     def measure(self, run, ev, signals) -> list:
         state = run.state_of(self)
         if self.threshold <= 0 or not state.x_last or not state.v_anchor:
             return []
-        return [mean_abs_diff_of(signals, state.x_last, run.group), mean_abs_of(state.v_anchor.values(), run.group)]
+        outputs = [v for k, v in state.v_anchor.items() if k in (signals or {})]  # this call's branches' only
+        return [mean_abs_diff_of(signals, state.x_last, run.group), mean_abs_of(outputs, run.group)]
 
     def decide(self, run, ev, signals, measured) -> bool:
         state = run.state_of(self)
-        state.x_last = run.keep(signals)
+        state.x_last, state.previous = run.keep(signals), ({}, {})  # every forward of the last evaluation is over
         if not measured or state.rate is None:
             return True
         step_change, out_scale = (m.value() for m in measured)
@@ -71,23 +77,32 @@ class AdaptiveCache(Decider):
 
     def computed(self, run, ev, forward, signals, outputs=None) -> None:
         state = run.state_of(self)
-        if state.anchored_at == ev.index or not self.decided_to_compute(ev):
-            # another forward of this evaluation (split CFG, area conds): the first one drives the rate; or a
-            # window new to the run on a skipped evaluation, which must not restart the others' accumulation
+        # another forward of this evaluation (split CFG, area conds): the first one (of each device's thread) drives
+        # the rate; or a window new to the run on a skipped evaluation, which must not restart the others'
+        # accumulation
+        if not self.decided_to_compute(ev):
             return
-        state.anchored_at = ev.index
-        if self.threshold > 0 and state.x_anchor and state.v_anchor:  # the rate is only read by a decision
+        first = state.changes.index != ev.index
+        if not state.changes.admit(run, ev.index):
+            return
+        if first:
+            x_before, v_before = state.x_anchor, state.v_anchor
+            state.previous = (x_before, v_before) if run.threads is not None else ({}, {})
+            state.x_anchor, state.v_anchor, state.accumulated = {}, {}, 0.0
+            state.x_last = state.x_anchor
+        else:
+            x_before, v_before = state.previous
+        if self.threshold > 0 and x_before and v_before:  # the rate is only read by a decision
             # read with the next transfer (before the next decision), so a computed step costs no sync of its own
-            changes = [mean_abs_diff_of(signals or {}, state.x_anchor, run.group),
-                       mean_abs_diff_of(outputs or {}, state.v_anchor, run.group)]
-            run.read_later(terms_of(changes), lambda host: self._take_rate(state, changes, host))
-        x = run.keep(signals)
-        state.x_anchor, state.v_anchor, state.x_last, state.accumulated = x, run.keep(outputs), x, 0.0
+            changes = [mean_abs_diff_of(signals or {}, x_before, run.group),
+                       mean_abs_diff_of(outputs or {}, v_before, run.group)]
+            state.changes.add(run, changes, lambda values: self._take_rate(state, values))
+        state.x_anchor.update(run.keep(signals))
+        state.v_anchor.update(run.keep(outputs))
 
     @staticmethod
-    def _take_rate(state, changes, host) -> None:
-        deliver(changes, host)
-        dx, dv = (m.value() for m in changes)
+    def _take_rate(state, values) -> None:
+        dx, dv = values
         if dx and dv is not None:
             state.rate = dv / dx
 

@@ -44,7 +44,8 @@ from ..base import Decider
 from .dbcache import check_probe
 from ..kinds import LAST_STEP_COMPUTE, Anchor, Cached, Granularity, Signal, check_range
 from ..memory import Footprint
-from ..metrics import Measure, _local, _sums, deliver, relative_l1_of, terms_of
+from ..metrics import Measure, _local, _sums, deliver, relative_l1_of
+from ..threads import AfterComputed
 from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input,
                     max_consecutive_input, percent_inputs, threshold_input)
 
@@ -69,6 +70,7 @@ class VerifiedBlockCache(Decider):
         granularity=Granularity.BLOCKS,
         signal=Signal.PROBE_RESIDUAL,
         checks_forecast=True,
+        gathers_over_threads=True,
     )
 
     front: int = 1
@@ -124,6 +126,15 @@ class VerifiedBlockCache(Decider):
         measure = _sums_measure(terms, run.group)
         measure.keys = keys  # which branches, in order, for decide
         return [measure]
+
+    def gathered(self, parts: list[list[Measure]]) -> list[Measure] | None:
+        """The devices' threads' products, one branch after the other, as one device lists them: each branch's
+        products are paired with its own forecast in :meth:`forecast_error`, so they are joined, not added."""
+        if any(len(measured) != 1 for measured in parts):
+            return None  # a thread with no forecast to check yet: computed, as on one device
+        joined = Measure([], lambda host: host, host=[value for (m,) in parts for value in m.value()])
+        joined.keys = [key for (m,) in parts for key in m.keys]
+        return [joined]
 
     def forecast_error(self, run, ev, keys, sums) -> float | None:
         """Relative L2 error, pooled over the branches, of the forecast of the probe at ``ev.sigma`` (host), or
@@ -210,6 +221,7 @@ class VerifiedForecast(Decider):
         signal=Signal.MODEL_INPUT,
         verifies_forecast=True,
         checks_forecast=True,
+        gathers_over_threads=True,
     )
 
     threshold: float = 0.05
@@ -226,7 +238,7 @@ class VerifiedForecast(Decider):
     class RunState:
         error: float | None = None   # relative error of the forecast at the last computed step that had one
         change: float | None = None  # the input change that led to it
-        measured_at: int | None = None
+        found: AfterComputed = dataclasses.field(default_factory=AfterComputed)  # from which they are taken
 
     def exponent(self, run) -> int:
         return int(getattr(run.estimator, "order", 0)) + 1
@@ -255,19 +267,18 @@ class VerifiedForecast(Decider):
         state = run.state_of(self)
         anchors = {k: run.branch_of(self, k).x_anchor for k in signals}
         anchors = {k: v for k, v in anchors.items() if v is not None}
-        if state.measured_at != ev.index and anchors and forward.forecasts:
-            # the first forward of the evaluation measures (another one, of split CFG, only moves its anchors)
-            state.measured_at = ev.index
+        if anchors and forward.forecasts and state.found.admit(run, ev.index):
+            # the first forward of the evaluation (of each device's thread) measures; another one, of split CFG,
+            # only moves its anchors
             found = [relative_l1_of(forward.forecasts, outputs or {}, run.group),
                      relative_l1_of(signals, anchors, run.group)]
-            run.read_later(terms_of(found), lambda host: self._take(state, found, host))
+            state.found.add(run, found, lambda values: self._take(state, values))
         for key, x in run.keep(signals).items():
             run.branch_of(self, key).x_anchor = x
 
     @staticmethod
-    def _take(state, found, host) -> None:
-        deliver(found, host)
-        error, change = (m.value() for m in found)
+    def _take(state, values) -> None:
+        error, change = values
         if error is not None and change:
             state.error, state.change = error, change
 

@@ -194,8 +194,8 @@ def test_the_measured_error_is_that_of_the_forecast_a_skip_would_have_used():
             super().computed(run, ev, forward, signals, outputs)
 
         @staticmethod
-        def _take(state, found, host):
-            ic.VerifiedForecast._take(state, found, host)
+        def _take(state, values):
+            ic.VerifiedForecast._take(state, values)
             seen.append(("taken", state.error))
 
     model, calls = smooth_model(kink_at=0.5)

@@ -3,9 +3,9 @@ run on several devices at once, each from a thread of ComfyUI's MultiGPUThreadPo
 and every thread reaches the pack's wrappers and block replacements with the same run. Chains whose deciders
 decide from the schedule alone decide each evaluation on the sampler's thread before the devices' threads run,
 and the threads share the decision; DBCache, First Block Cache and TeaCache are decided by the threads together,
-on the sums of all their rows: the same decisions, work and output as on one device. A chain with another decider
-that measures what the model computes is switched off with a note, and the output is the uncached multi-GPU run's;
-so is a run whose threads cannot all meet.
+on the measures of all their rows: the same decisions, work and output as on one device, for every method of the
+pack. A chain with a decider whose measures the threads cannot join is switched off with a note, and the output is
+the uncached multi-GPU run's; so is a run whose threads cannot all meet.
 
 A CPU has one device, so the tests give ComfyUI a second one: ``get_all_torch_devices`` answers ``cpu`` and
 ``cpu:0``, distinct devices to ComfyUI (dictionary keys, load devices), on which torch computes alike. Everything
@@ -180,8 +180,9 @@ def _scheduled(comfy, name) -> bool:
 
 SCHEDULED = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "growing cadence + spectrum",
              "magcache", "guidance cache", "guidance cache + fixed cadence", "guidance agreement"]
-# Deciders that measure what the model computes, each device's thread its rows, one decision from the sums of all
-GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache"]
+# Deciders that measure what the model computes, each device's thread its rows, one decision from all of them
+GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache", "adaptive", "verified forecast + taylorseer",
+            "verified blocks + taylorseer"]
 SHARED = SCHEDULED + GATHERED
 
 
@@ -237,13 +238,12 @@ def _problems(comfy, caplog, chain, order, shared=False) -> list[str]:
 
 @pytest.mark.parametrize("order", ["sampler", "apply first"])
 @pytest.mark.parametrize("name", list(CHAINS))
-def test_caching_under_native_multigpu_shares_decisions_and_switches_the_others_off(multigpu, caplog, name, order):
+def test_caching_under_native_multigpu_shares_the_one_device_decisions(multigpu, caplog, name, order):
     """Every method of the shared list, on the Cached Sampler after MultiGPU CFG Split and on Apply Interceptors
-    before it (so ComfyUI's deep clones carry the pack's wrappers). Schedule-decided chains, and those whose measure
-    the devices' threads gather (DBCache, First Block Cache, TeaCache), cache: the decisions are taken on the
-    measures of the one-device run, the model runs what it runs on one device, and the output is the one-device
-    run's (as far as the devices themselves differ). The others: every forward and block of the uncached multi-GPU
-    run, the latent bit-identical, said once."""
+    before it (so ComfyUI's deep clones carry the pack's wrappers). Schedule-decided chains, and those whose measures
+    the devices' threads gather (every measuring one), cache: the decisions are taken on the measures of the
+    one-device run, the model runs what it runs on one device, and the output is the one-device run's (as far as
+    the devices themselves differ)."""
     assert _scheduled(multigpu, name) == (name in SCHEDULED), name
     assert _problems(multigpu, caplog, CHAINS[name], order, shared=name in SHARED) == []
 
@@ -256,7 +256,30 @@ def test_shared_decisions_that_never_skip_are_bit_identical_to_the_uncached_mult
     assert not notes and not shown and work["decisions"] and "s" not in work["decisions"][0]
 
 
-@pytest.mark.parametrize("name", [n for n in CHAINS if n not in SHARED])
+def test_every_method_of_the_pack_caches_under_native_multigpu():
+    assert sorted(SHARED) == sorted(CHAINS)
+
+
+def _not_gathered(comfy, monkeypatch, name):
+    """``name``'s measuring deciders declared as measuring in a way the devices' threads cannot join."""
+    ic = comfy.module("interceptors")
+    for decider in ic.InterceptorChain.of(methods.skipping(ic)[name]).deciders:
+        if decider.signal not in (ic.Signal.NONE, ic.Signal.GUIDANCE):
+            cls = type(decider)
+            monkeypatch.setattr(cls, "declaration", cls.declaration.but(gathers_over_threads=False))
+
+
+@pytest.mark.parametrize("order", ["sampler", "apply first"])
+@pytest.mark.parametrize("name", ["adaptive", "verified blocks + taylorseer"])
+def test_a_measuring_decider_the_threads_cannot_join_switches_the_run_off(multigpu, caplog, monkeypatch, name,
+                                                                        order):
+    """A decider that does not declare ``gathers_over_threads`` would decide on one device's branch: the run is
+    switched off at its first evaluation, with the uncached multi-GPU run's forwards, blocks and latent, said once."""
+    _not_gathered(multigpu, monkeypatch, name)
+    assert _problems(multigpu, caplog, CHAINS[name], order) == []
+
+
+@pytest.mark.parametrize("name", ["fixed cadence", "adaptive", "verified forecast + taylorseer"])
 def test_a_forward_from_a_device_thread_switches_the_run_off_by_itself(multigpu, caplog, monkeypatch, name):
     """The second line of defence: with the sampler-side detection taken out, the first forward that a device's
     thread runs (``multigpu_thread_device`` in its options) switches the run off, the threads racing to do it
@@ -300,12 +323,31 @@ def test_a_device_thread_missing_from_the_gathering_computes_in_full_with_a_note
     assert _problems(multigpu, caplog, CHAINS[name], "sampler") == []
 
 
-@pytest.mark.parametrize("name", GATHERED)
+# The Verified Forecast decides on the model input's change alone, the same latent in every CFG branch: one
+# branch's measure is all rows' (what it learns after a computed step is checked by the test after this one)
+@pytest.mark.parametrize("name", [n for n in GATHERED if n != "verified forecast + taylorseer"])
 def test_the_gathered_check_fails_where_each_thread_decides_on_its_own_rows(multigpu, caplog, monkeypatch, name):
     """The shared check can fail for the measuring deciders too: told that every step runs on one device's thread,
     each thread decides from its own branch, whichever comes first (the other follows it), and the measures
     the decisions were made on differ from the one-device run's."""
     monkeypatch.setattr(multigpu.module("adapter.conflicts"), "multigpu_threads", lambda *args: 1)
+    problems = _problems(multigpu, caplog, CHAINS[name], "sampler", shared=True)
+    assert any(p.startswith("metrics") for p in problems), problems
+
+
+@pytest.mark.parametrize("name", ["adaptive", "verified forecast + taylorseer"])
+def test_the_gathered_check_fails_where_one_thread_learns_from_a_computed_step(multigpu, caplog, monkeypatch, name):
+    """Adaptive Cache's rate and the Verified Forecast's error are learnt after a computed step, on one device by its
+    first forward: with only the first forward of each evaluation measuring there (one device's branch, the pack
+    of before), the measures the decisions were made on differ from the one-device run's."""
+    after = multigpu.module("interceptors.threads").AfterComputed
+
+    def first_forward_only(self, run, ev_index):
+        if self.index == ev_index:
+            return False
+        self.index, self.parts = ev_index, []
+        return True
+    monkeypatch.setattr(after, "admit", first_forward_only)
     problems = _problems(multigpu, caplog, CHAINS[name], "sampler", shared=True)
     assert any(p.startswith("metrics") for p in problems), problems
 
@@ -320,7 +362,7 @@ def _two_positive_entries(prompt):
     return prompt
 
 
-@pytest.mark.parametrize("name", ["dbcache", "teacache"])
+@pytest.mark.parametrize("name", ["dbcache", "teacache", "adaptive", "verified blocks + taylorseer"])
 def test_uneven_rows_per_device_gather_into_the_one_device_decisions(multigpu, caplog, name):
     """Three conditioning entries on two devices (two rows on one, one on the other): the pack counts the threads
     the way ComfyUI schedules them (a miscount would wait and switch off with a note), and the decisions are taken
