@@ -22,6 +22,14 @@ round after round and medians are reported. It writes ``bench/results-gpu.md`` (
   threshold, so ``max_consecutive_cached`` fixes its schedule, at block level), with the work really saved;
 * **peak VRAM** of the run (``torch.cuda.max_memory_allocated``) and the bytes its caches held, with and
   without caching and with ``cache_on_cpu``.
+
+With ``--compile BACKEND`` the model is compiled as ComfyUI's TorchCompileModel node compiles it (the whole
+diffusion model, ``comfy_api.torch_helpers.set_torch_compile_wrapper``) before the chain is installed, as a user
+would chain the two; the pack then compiles the blocks one by one for its block caches. Every setting then runs
+once untimed first (its graphs compile there), the uncompiled uncached run is timed beside them, and each
+speedup is read against both uncached runs::
+
+    python3 -m cached_sampler_dev.bench.bench_gpu --models flux --compile inductor   # caching on a compiled FLUX
 """
 from __future__ import annotations
 
@@ -60,6 +68,7 @@ SIZES = {
     },
 }
 CONFIG_CLASSES = {"flux": "Flux", "wan": "WAN21_T2V"}
+NOT_COMPILED = "uncached, not compiled"  # with --compile: the baseline a user without compile has
 NAMES = {"flux": "FLUX.1-dev", "wan": "Wan 2.1 14B"}
 
 
@@ -181,11 +190,17 @@ def bench_model(adapter, ic, model_name: str, args, log=print) -> dict:
     if args.only:
         runs = [r for r in runs if any(word in r[1] for word in args.only)]
     model_bytes = sum(p.numel() * p.element_size() for p in patcher.model.diffusion_model.parameters())
+    eager = patcher
+    if args.compile:  # as TorchCompileModel does: a clone sharing the weights, compiled whole
+        from comfy_api.torch_helpers import set_torch_compile_wrapper
+        patcher = eager.clone()
+        set_torch_compile_wrapper(patcher, backend=args.compile)
 
-    def sample(chain, cache_on_cpu):
+    def sample(chain, cache_on_cpu, source=None):
         summaries = []
-        m = patcher if chain is None else adapter.install(
-            patcher, ic.InterceptorChain.of(chain), cache_on_cpu=cache_on_cpu,
+        source = source or patcher
+        m = source if chain is None else adapter.install(
+            source, ic.InterceptorChain.of(chain), cache_on_cpu=cache_on_cpu,
             on_run_end=lambda run, summary: summaries.append(summary))
         with Timer(device) as timer:
             out = comfy.sample.sample(m, noise, args.steps, cfg, "euler", "simple", positive, negative, latent,
@@ -197,13 +212,20 @@ def bench_model(adapter, ic, model_name: str, args, log=print) -> dict:
     baseline, _, _ = sample(None, False)
     times: dict[str, list[float]] = {"uncached": []}
     rows: dict[str, dict] = {"uncached": {"group": "baseline"}}
+    specs = {"uncached": (None, False, None)}
+    if args.compile:
+        times[NOT_COMPILED], rows[NOT_COMPILED], specs[NOT_COMPILED] = [], {"group": "baseline"}, (None, False, eager)
     for group, label, chain, on_cpu in runs:
         times[label] = []
         rows[label] = {"group": group}
+        specs[label] = (chain, on_cpu, None)
+    if args.compile:  # each setting's graphs compile on its first run, which is not timed
+        for label, spec in specs.items():
+            sample(*spec)
+            log(f"  compiled for {label}")
     for round_index in range(args.repeats):
         for label in times:
-            spec = next(((c, cpu) for _, lab, c, cpu in runs if lab == label), (None, False))
-            out, timer, summary = sample(*spec)
+            out, timer, summary = sample(*specs[label])
             times[label].append(timer.seconds)
             row = rows[label]
             row["peak"] = max(row.get("peak") or 0, timer.peak or 0) or None
@@ -213,14 +235,15 @@ def bench_model(adapter, ic, model_name: str, args, log=print) -> dict:
             row["max_diff"] = float((out.float() - baseline.float()).abs().max())
             log(f"  round {round_index + 1} {label}: {timer.seconds:.3f} s")
     base = statistics.median(times["uncached"])
+    plain = statistics.median(times[NOT_COMPILED]) if args.compile else base
     for label, values in times.items():
         median = statistics.median(values)
         rows[label].update(seconds=median, per_step_ms=(median - base) / args.steps * 1000,
-                           overhead=median / base - 1, speedup=base / median)
+                           overhead=median / base - 1, speedup=base / median, speedup_plain=plain / median)
     import comfy.model_management
     comfy.model_management.unload_all_models()  # ComfyUI keeps the last loaded model: free it for the next one
     return {"model": NAMES[model_name], "size": args.size, "latent": tuple(latent.shape), "weights": model_bytes,
-            "base_seconds": base, "rows": rows}
+            "base_seconds": base, "plain_seconds": plain, "rows": rows}
 
 
 def _bytes(n) -> str:
@@ -239,14 +262,18 @@ def write(results: list[dict], args, out: Path) -> str:
              f"Written by `python3 -m cached_sampler_dev.bench.bench_gpu {' '.join(sys.argv[1:])}`".rstrip() +
              f" on {datetime.date.today()}, torch {torch.__version__}. Random weights built through ComfyUI's "
              f"classes, {args.steps} steps, euler / simple, seed 0; medians of {args.repeats} alternating rounds "
-             f"after a warm-up run ({'CUDA events' if args.device == 'cuda' else 'wall clock'}).", ""]
+             f"after a warm-up run ({'CUDA events' if args.device == 'cuda' else 'wall clock'})."
+             + (f" Compiled with TorchCompileModel's helper, backend `{args.compile}`, each setting run once "
+                f"untimed first." if args.compile else ""), ""]
     for result in results:
         rows = result["rows"]
         lines += [f"## {result['model']} ({result['size']} size, latent {result['latent']}, "
                   f"{result['weights'] / 1e9:.2f} GB of weights)", "",
                   f"Uncached: {result['base_seconds']:.3f} s per run, "
                   f"{result['base_seconds'] / args.steps * 1000:.1f} ms per step, peak "
-                  f"{_bytes(rows['uncached'].get('peak'))}.", "",
+                  f"{_bytes(rows['uncached'].get('peak'))}." + (
+                      f" Not compiled: {result['plain_seconds']:.3f} s per run (compile alone: "
+                      f"{result['plain_seconds'] / result['base_seconds']:.2f}x)." if args.compile else ""), "",
                   "Overhead with nothing skipped:", "",
                   "| Method | Overhead | ms per step | Output max abs diff | Peak VRAM | Cache held |",
                   "|---|---|---|---|---|---|"]
@@ -254,12 +281,15 @@ def write(results: list[dict], args, out: Path) -> str:
             if row["group"] == "overhead":
                 lines.append(f"| {label} | {row['overhead']:+.2%} | {row['per_step_ms']:+.2f} | {row['max_diff']:.3g} "
                              f"| {_bytes(row.get('peak'))} | {_cache(row)} |")
+        plain = " | Wall speedup, against not compiled" if args.compile else ""
         lines += ["", "Fixed skip schedules:", "",
-                  "| Schedule | Computed | Work saved | Wall speedup | Peak VRAM | Cache held |", "|---|---|---|---|---|---|"]
+                  f"| Schedule | Computed | Work saved | Wall speedup{plain} | Peak VRAM | Cache held |",
+                  "|---|---|---|---|---|---|" + ("---|" if args.compile else "")]
         for label, row in rows.items():
             if row["group"] == "schedule":
+                against = f" | {row['speedup_plain']:.2f}x" if args.compile else ""
                 lines.append(f"| {label} | {row.get('computed', '-')} | {row.get('work_saved', 0):.0%} | "
-                             f"{row['speedup']:.2f}x | {_bytes(row.get('peak'))} | {_cache(row)} |")
+                             f"{row['speedup']:.2f}x{against} | {_bytes(row.get('peak'))} | {_cache(row)} |")
         lines.append("")
     text = "\n".join(lines)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +307,8 @@ def parse(argv=None):
     parser.add_argument("--frames", type=int, default=81, help="Wan clip length in frames (4k+1)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds (medians)")
     parser.add_argument("--only", nargs="*", default=None, help="only settings whose name contains one of these")
+    parser.add_argument("--compile", default=None, metavar="BACKEND", help="compile the model first as "
+                        "TorchCompileModel does (inductor, aot_eager, eager, ...): caching on a compiled model")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results-gpu.md"))
     args = parser.parse_args(argv)
     args.size = args.size or ("full" if args.device == "cuda" else "tiny")
