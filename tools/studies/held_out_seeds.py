@@ -3,12 +3,14 @@
 A hand-tuned setting is tuned on some seed too: the bench's "best hand-tuned" is the best setting at the seed it
 measures, which no user knows in advance for the next seed. This study puts Auto Calibrate and the hand-tuned
 settings on the same footing. On a bundled model (``--model``: the digits model, all ten digits, or the video
-model, a tiny Wan 2.1, all eight classes; euler / simple, cfg 3, 28 steps):
+model, a tiny Wan 2.1, all eight classes, or the photos model, a tiny Flux trained on photographs, all eight
+classes; euler / simple, cfg 3, 28 steps):
 
 * Auto Calibrate plans each PSNR target at the calibration seed (image PSNR, the model's VAE connected), with
   ``seeds`` 1 and 3;
 * the hand-tuned settings are those the bench finds best at these floors on that model, and fewer steps (the
-  uncached sampler at 3-27 steps). Digits: Fixed Cadence + TaylorSeer order 1 and 2 over intervals 2-8. Video: Fixed
+  uncached sampler at 3-27 steps). Digits: Fixed Cadence + TaylorSeer order 1 and 2 over intervals 2-8. Video and
+  photos: Fixed
   Cadence with ``growth`` (Spectrum's growing schedule, intervals 2-3, growth 0-3) + TaylorSeer order 1, alone and
   with the bench's Guidance Cache after it. The one a user would pick is the one with the least work that meets
   the target *at the calibration seed*, as Auto Calibrate is planned there;
@@ -23,6 +25,7 @@ bench's comparison. Prints a markdown report.
     python3 -m cached_sampler_dev.studies.held_out_seeds --targets 45 --margin 2.5 --confirm-seeds 1  # the 47.5 dB plan at 45 dB
     python3 -m cached_sampler_dev.studies.held_out_seeds --model video       # the video model (about 80 min on 2 cores)
     python3 -m cached_sampler_dev.studies.held_out_seeds --model video --auto-only --confirm-seeds 3  # Auto Calibrate's rows only
+    python3 -m cached_sampler_dev.studies.held_out_seeds --model photos --targets 35 40 --confirm-seeds 3
 """
 from __future__ import annotations
 
@@ -35,11 +38,13 @@ from .calibration_spaces import HELD_OUT_FROM, base_prompt, capture, run_plan, s
 
 INTERVALS = range(2, 9)  # digits: Fixed Cadence + TaylorSeer order 1 and 2
 ORDERS = (1, 2)
-GROWING = tuple((i, g) for i in (2, 3) for g in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0))  # video: (interval, growth)
+GROWING = tuple((i, g) for i in (2, 3) for g in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0))  # others: (interval, growth)
 GUIDED_NAME = " + Guidance Cache {interval} from {start_percent:g}".format(**GUIDANCE_ON_CADENCE)  # the bench's
 WORK_TIE = 1e-4  # work shares closer than this are the same work (the run's work_saved is rounded to 4 places)
 MODEL_WORDS = {"digits": ("digits model", "all ten digits", "digits"),
-               "video": ("video model (a tiny Wan 2.1)", "all eight classes", "frames")}
+               "video": ("video model (a tiny Wan 2.1)", "all eight classes", "frames"),
+               "photos": ("photos model (a tiny Flux trained on crops of photographs)", "all eight classes",
+                          "pictures")}
 
 
 def hand_tuned(model: str) -> dict:
