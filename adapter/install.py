@@ -8,7 +8,7 @@ from typing import Callable
 from comfy.patcher_extension import WrappersMP
 
 from ..interceptors import ChainError, Granularity, InterceptorChain, LoopState, NaNWatch, summarize
-from ..interceptors.kinds import LEVEL_FEATURES, LEVEL_MODEL
+from ..interceptors.kinds import LEVEL_FEATURES
 from ..interceptors.distributed import RankGroup
 from ..interceptors.engine import BlockPlan, guided_batch, model_forward
 from ..interceptors.threads import gathers
@@ -67,13 +67,8 @@ def feature_blocks(chain: InterceptorChain, card, model) -> tuple[BlockPlan | No
     elif conflicts.compiled(model.model_options, model.wrappers):
         why = "TorchCompileModel compiled the whole model, blocks included"
     if why is not None:
-        return None, feature_fallback(decider, why)
+        return None, conflicts.feature_fallback(decider, why)
     return BlockPlan([(g.name, g.count) for g in card.groups], 0, 0), None
-
-
-def feature_fallback(decider, why: str) -> str:
-    return (f"{decider.label} forecast the model output (level {LEVEL_MODEL}) instead of the block stack's features: "
-            f"{why}.")
 
 
 class Installation:
@@ -177,8 +172,8 @@ class Installation:
             run.note(self.feature_note)
         elif self.feature_plan is not None:
             if conflicts.compiled(model_options, {}):
-                run.note(feature_fallback(run.model_decider, "TorchCompileModel compiled the whole model, blocks "
-                                                             "included"))
+                run.note(conflicts.feature_fallback(run.model_decider, "TorchCompileModel compiled the whole model, "
+                                                                       "blocks included"))
             else:
                 run.feature_plan = self.feature_plan
 
@@ -220,8 +215,8 @@ class Installation:
             if self.feature_plan is not None:  # slots for the feature level only: from now on the model output
                 if run.feature_plan is not None:
                     run.feature_plan = None
-                    run.note(feature_fallback(run.model_decider, "another patch replaced some transformer-block "
-                                                                 "slots from one forward on"))
+                    why = "another patch replaced some transformer-block slots from one forward on"
+                    run.note(conflicts.feature_fallback(run.model_decider, why))
             else:
                 forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
                 if run in self.foreign_slot_forwards:  # a run this installation began (outer_sample)

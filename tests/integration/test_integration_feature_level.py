@@ -66,3 +66,36 @@ def test_the_feature_level_skips_blocks_on_families_with_several_streams_or_one(
     cached, work, notes = run_counted(comfy, family, interval=3, level="features", estimator=False)
     assert torch.isfinite(cached).all() and not notes
     assert work["blocks"] == plain["blocks"] // 2 and work["forwards"] == plain["forwards"]
+
+
+def test_beside_a_block_level_decider_the_feature_level_works_on_the_model_output_and_says_so(comfy):
+    prompt = graphs.base("flux", latent_seed=5)
+    graphs.count_work(prompt, "flux")
+    blocks = graphs.config(prompt, "fb", "CachedSamplerFirstBlockCache", threshold=50.0, warmup=0.0,
+                           max_cached_steps=-1, max_consecutive_cached=2, **WINDOW)
+    chain = graphs.config(prompt, "method", "CachedSamplerFixedCadence", upstream=blocks, interval=3, level="features",
+                          **WINDOW)
+    graphs.sampler(prompt, "CachedSampler", chain=chain, model="count", steps=STEPS, cfg=3.0)
+    _, ui = comfy.run(prompt)
+    notes = [n for r in ui["sampler"]["cached_sampler"][0]["runs"] for n in r["notes"]]
+    assert any("instead of the block stack's features" in n and "First Block Cache" in n for n in notes), notes
+    assert CAPTURED["work"]["forwards"] < STEPS * 2  # the cadence skips whole forwards, as at the model level
+
+
+def test_auto_calibrate_measures_and_plans_at_the_feature_level(comfy):
+    """The plan's candidates are measured at the level asked for, and its chain runs there: every forward of the
+    sampled run runs (embeddings and final layer), the blocks only on the steps the plan computes."""
+    steps = 8
+    prompt = {"digits": {"class_type": "CachedSamplerDigitsModel", "inputs": {"digits": "0123"}}}
+    graphs.count_work(prompt, "flux", model="digits")
+    sampling = {"steps": steps, "cfg": 3.0, "sampler_name": "euler", "scheduler": "simple", "seed": 3,
+                "positive": ["digits", 1], "negative": ["digits", 2], "latent_image": ["digits", 3], "denoise": 1.0}
+    prompt["calibrate"] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "target": "budget", "min_psnr": 35.0, "budget": 4, "order": 1,
+        "seeds": 1, "search": "greedy", "level": "features"}}
+    prompt["out"] = {"class_type": "CachedSampler", "inputs": {"model": ["count", 0], **sampling,
+                                                               "interceptors": ["calibrate", 0]}}
+    prompt["capture_out"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["out", 0], "key": "out"}}
+    _, ui = comfy.run(prompt)
+    work = CAPTURED["work"]
+    assert work["forwards"] == steps and work["block_forwards"] == 4, (work, ui["calibrate"]["text"][0])
