@@ -21,6 +21,11 @@ through, the model keeps adding this step's additions to it (computed on the pas
 the last block adds the cached residual: each such addition is counted once, and none is stale. An
 addition made outside ComfyUI's hooks, which the adapter cannot see, would stay inside the residual and be
 counted twice on skipped steps.
+
+A whole-model decider at the feature level (``Decider.level`` "features", where the adapter gave the run a block
+plan of one segment per block group: ``LoopState.feature_plan``) decides in :func:`model_forward` as at the model
+level, and its skip is carried out by the block stack's machinery above: the forward runs, its blocks pass the
+stream through and each group's forecast residual is added, so only the embeddings and the final layer compute.
 """
 from __future__ import annotations
 

@@ -162,3 +162,25 @@ def test_the_feature_level_is_refused_where_the_decider_is_not_a_whole_model_for
         ic.InterceptorChain.of([decider])
     with pytest.raises(ic.InterceptorError, match="'level' must be one of"):
         ic.InterceptorChain.of([ic.FixedCadence(level="blocks")])
+
+
+def test_a_non_finite_forecast_at_the_feature_level_blames_the_whole_model_decider():
+    model, x = TinyJoint(), torch.randn(1, 6, 4)
+    plan = BlockPlan(GROUPS, 0, 0)
+    cadence = ic.FixedCadence(interval=2, level="features", node="Cadence (node 7)")
+    run = ic.LoopState(ic.InterceptorChain.of([cadence]),
+                       SIGMAS, observers=[ic.NaNWatch()])
+    run.feature_plan = plan
+    block = (lambda position, keys, args, run_block: block_call(run, plan, position, keys, args, run_block))
+    with pytest.raises(ic.NonFiniteOutputError, match=r"in charge: 'Cadence \(node 7\)'"):
+        for step, sigma in enumerate(SIGMAS[:3]):
+            run.begin_evaluation(sigma)
+            s = torch.full((1,), sigma)
+            fwd = run.begin_forward(sigma, 1, tuple(x.shape[1:]), x.dtype, [0], ["c"])
+            out = model_forward(run, fwd, x, s, lambda: model(x, s, block))
+            run.end_forward(fwd, out)
+            run.end_evaluation()
+            if step == 0:  # the single blocks' residual goes bad: the next step forecasts from it
+                slot = next(iter(run.caches.branches.values())).slots["1.img"]
+                slot.value = torch.full_like(slot.value, float("nan"))
+        run.transfer()
