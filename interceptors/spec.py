@@ -137,10 +137,9 @@ def level_input() -> Input:
         "model: a skipped step does not run the model, and its output is forecast. features: the embeddings and the "
         "final layer run, every transformer block is passed by and each block group's output is forecast (per "
         "stream), on models whose transformer blocks the pack knows (elsewhere it works at model, with a note); it "
-        "keeps block-stream residuals instead of model outputs. Over 4 seeds at 28 steps with TaylorSeer, features "
-        "read within 0.5 dB of model on Spectrum's schedule and 0.1-1.2 dB lower at fixed intervals on the bundled "
-        "photos model, and 0.2-5 dB lower on the digits model (bench/feature_level.md): compare both on your "
-        "model."))
+        "keeps block-stream residuals instead of model outputs. On the bundled models it mostly read below model at "
+        "equal work (28 steps, TaylorSeer or Spectrum Forecast, mean over seeds: photos -2.7 to +0.1 dB, digits -5.4 "
+        "to -0.2 dB, video -4.1 to +0.6 dB; bench/feature_level.md): compare both on your model."))
 
 
 def threshold_input(default: float, tooltip: str, maximum: float = 100.0, step: float = 0.01) -> Input:
