@@ -178,8 +178,8 @@ def _scheduled(comfy, name) -> bool:
         methods.skipping(ic)[name]).deciders)
 
 
-SCHEDULED = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "growing cadence + spectrum",
-             "magcache", "guidance cache", "guidance cache + fixed cadence", "guidance agreement"]
+SCHEDULED = ["fixed cadence", "fixed cadence at features + taylorseer", "fixed cadence + taylorseer",
+             "fixed cadence + spectrum", "growing cadence + spectrum", "magcache", "guidance cache", "guidance cache + fixed cadence", "guidance agreement"]
 # Deciders that measure what the model computes, each device's thread its rows, one decision from the sums of all
 GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache"]
 SHARED = SCHEDULED + GATHERED
