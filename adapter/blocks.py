@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..interceptors import ChainError, LoopState, ModelCard
 from ..interceptors.engine import BlockPlan, as_outputs, block_call
-from .conflicts import COMPILER_NOTE, active_run, compiler_recording
+from .conflicts import COMPILER_NOTE, active_run, compiler_recording, feature_fallback
 
 
 def adds_between_blocks(card: ModelCard, control, transformer_options: dict, inputs: dict) -> bool:
@@ -40,14 +40,27 @@ def _first_block(run: LoopState, args: dict, stream: str) -> None:
     forward, tokens = run.current_forward, args[stream]
     if forward is not None and forward.cacheable and compiler_recording():
         forward.cacheable = False
-        run.note(COMPILER_NOTE)
+        if forward.features:
+            _features_off(run, "ComfyUI's Comfy Compiler records the forward, and a skipped block would break it")
+        else:
+            run.note(COMPILER_NOTE)
     if run.group is not None and tokens.ndim >= 3:
         run.group.observe_shard(tokens.shape[1], (args.get("transformer_options") or {}).get("grid_sizes"))
     if forward is not None and forward.cacheable and forward.split(tokens) is None:
         forward.cacheable = False
-        run.note(f"the transformer blocks see {tokens.shape[0]} of the {forward.rows * len(forward.keys)} batch "
-                 f"rows (CFG-parallel runs one branch per rank): block caching is off; whole-model methods (Fixed "
-                 f"Cadence, Adaptive Cache) work there.")
+        if forward.features:
+            _features_off(run, "the transformer blocks see only some of the batch rows (CFG-parallel)")
+        else:
+            run.note(f"the transformer blocks see {tokens.shape[0]} of the {forward.rows * len(forward.keys)} batch "
+                     f"rows (CFG-parallel runs one branch per rank): block caching is off; whole-model methods "
+                     f"(Fixed Cadence, Adaptive Cache) work there.")
+
+
+def _features_off(run: LoopState, why: str) -> None:
+    """The feature level cannot work in this run's forwards: the forward at hand runs every block (computed), and the
+    whole-model decider forecasts the model output from the next forward on."""
+    run.feature_plan = None
+    run.note(feature_fallback(run.model_decider, why))
 
 
 def _unpacked(packed_as: str, names: tuple[str, ...], values: dict) -> dict:

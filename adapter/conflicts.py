@@ -10,6 +10,7 @@ import threading
 import comfy.samplers
 
 from ..interceptors import Granularity, InterceptorChain, LoopState, Signal
+from ..interceptors.kinds import LEVEL_MODEL
 from ..interceptors.threads import gathers
 from .keys import STATE_KEY
 
@@ -163,6 +164,13 @@ COMPILER_NOTE = ("ComfyUI's Comfy Compiler recorded this model's forward (it rep
                  "block sequence), so the transformer blocks were computed in full there: skipping them would break "
                  "its recording. Whole-model methods (Fixed Cadence, Adaptive Cache, Auto Calibrate) skip outside "
                  "it and work; or start ComfyUI with --disable-comfy-compiler for block caching.")
+
+
+def feature_fallback(decider, why: str) -> str:
+    """The note of a run whose whole-model decider at the feature level (``Decider.level``) works on the model output
+    instead, and why."""
+    return (f"{decider.label} forecast the model output (level {LEVEL_MODEL}) instead of the block stack's features: "
+            f"{why}.")
 
 
 def active_run(transformer_options: dict) -> LoopState | None:

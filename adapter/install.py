@@ -8,6 +8,7 @@ from typing import Callable
 from comfy.patcher_extension import WrappersMP
 
 from ..interceptors import ChainError, Granularity, InterceptorChain, LoopState, NaNWatch, summarize
+from ..interceptors.kinds import LEVEL_FEATURES
 from ..interceptors.distributed import RankGroup
 from ..interceptors.engine import BlockPlan, guided_batch, model_forward
 from ..interceptors.threads import gathers
@@ -47,7 +48,27 @@ def install(model, chain: InterceptorChain, *, allow_distilled: bool = False, ca
     modulated = signal_probe(card, model, decider) if decider is not None else None
     installation = Installation(chain, card, cache_on_cpu=cache_on_cpu, on_run_end=on_run_end,
                                 on_evaluation=on_evaluation, schedule=schedule, rank_group=rank_group)
+    installation.feature_plan, installation.feature_note = feature_blocks(chain, card, model)
     return installation.patch(model, modulated, compile_apart)
+
+
+def feature_blocks(chain: InterceptorChain, card, model) -> tuple[BlockPlan | None, str | None]:
+    """The block stack's plan (one segment per block group) for the chain's whole-model decider at the feature
+    level, or None and why that decider works on the model output instead (said on the node when a run starts)."""
+    decider = chain.decider(Granularity.MODEL)
+    if decider is None or decider.level != LEVEL_FEATURES:
+        return None, None
+    why = None
+    if not card.offers(Granularity.BLOCKS) or not card.groups:
+        why = f"{card.name} exposes no transformer blocks to caching" + (f" ({card.blocks_off})" if card.blocks_off
+                                                                         else "")
+    elif chain.decider(Granularity.BLOCKS) is not None:
+        why = f"{chain.decider(Granularity.BLOCKS).label} of the same chain works inside the blocks"
+    elif conflicts.compiled(model.model_options, model.wrappers):
+        why = "TorchCompileModel compiled the whole model, blocks included"
+    if why is not None:
+        return None, conflicts.feature_fallback(decider, why)
+    return BlockPlan([(g.name, g.count) for g in card.groups], 0, 0), None
 
 
 class Installation:
@@ -69,6 +90,9 @@ class Installation:
         if on_evaluation is not None:
             self.observers.append(_EvaluationHook(on_evaluation))
         self.block_slots: dict = {}  # (group, index) -> position of every block slot the pack serves
+        # the block stack of a whole-model decider at the feature level (feature_blocks), or why it has none
+        self.feature_plan: BlockPlan | None = None
+        self.feature_note: str | None = None
         self.foreign_slot_forwards: dict[LoopState, int] = {}  # run -> forwards whose slots another patch served
 
     def patch(self, model, modulated=None, compile_apart: bool = False):
@@ -86,9 +110,10 @@ class Installation:
         patched.add_wrapper_with_key(WrappersMP.PREDICT_NOISE, WRAPPER_KEY, self.predict_noise)
         patched.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, self.apply_model)
         decider = chain.decider(Granularity.BLOCKS)
-        if decider is not None:
-            install_blocks(patched, card, BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()),
-                           modulated)
+        plan = (BlockPlan([(g.name, g.count) for g in card.groups], *decider.blocks()) if decider is not None
+                else self.feature_plan)
+        if plan is not None:
+            install_blocks(patched, card, plan, modulated)
             self.block_slots.update({(group, index): position for group, index, position in card.block_positions()})
         return patched
 
@@ -113,6 +138,7 @@ class Installation:
                         sampler=sampler_identity(sampler), cfg=guider_cfg(guider), card=self.card)
         if schedule is None:
             _note_partial_run(run, chain, run.sample_sigmas, float(sampling.sigma_max))
+        self.place_features(run, guider.model_options)
         if self.guidance is not None:
             conflicts.check_guider(run, self.guidance, guider)
         conflicts.note_stateful_patches(run, guider.model_options)
@@ -137,6 +163,19 @@ class Installation:
             if self.on_run_end is not None:
                 self.on_run_end(run, summary)
             run.release_caches()
+
+    def place_features(self, run: LoopState, model_options: dict) -> None:
+        """Where the run's whole-model decider at the feature level works: in the block stack installed for it, or
+        on the model output where there is none, or where TorchCompileModel was applied after the caching (its
+        compiled forward would not follow the blocks' per-step pass-through)."""
+        if self.feature_note is not None:
+            run.note(self.feature_note)
+        elif self.feature_plan is not None:
+            if conflicts.compiled(model_options, {}):
+                run.note(conflicts.feature_fallback(run.model_decider, "TorchCompileModel compiled the whole model, "
+                                                                       "blocks included"))
+            else:
+                run.feature_plan = self.feature_plan
 
     def predict_noise(self, executor, x, timestep, model_options, seed):
         """One sampler evaluation (all CFG branches of a step)."""
@@ -173,9 +212,15 @@ class Installation:
                                     frames=_window_frames(window))
         forward.track_external = adds_between_blocks(self.card, control, transformer_options, kw)
         if self.block_slots and conflicts.slots_taken(transformer_options, self.block_slots):
-            forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
-            if run in self.foreign_slot_forwards:  # a run this installation began (outer_sample)
-                self.foreign_slot_forwards[run] += 1
+            if self.feature_plan is not None:  # slots for the feature level only: from now on the model output
+                if run.feature_plan is not None:
+                    run.feature_plan = None
+                    why = "another patch replaced some transformer-block slots from one forward on"
+                    run.note(conflicts.feature_fallback(run.model_decider, why))
+            else:
+                forward.cacheable = False  # another patch serves some of our block slots in this call: compute it all
+                if run in self.foreign_slot_forwards:  # a run this installation began (outer_sample)
+                    self.foreign_slot_forwards[run] += 1
         output = None
         try:
             output = model_forward(run, forward, x, t, lambda: executor(

@@ -13,8 +13,9 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from .cards import ModelCard
-from .kinds import LAST_STEP_CHOICES, LAST_STEP_COMPUTE, Granularity, InterceptorError, Role, Signal, check_range
-from .memory import Footprint
+from .kinds import (LAST_STEP_CHOICES, LAST_STEP_COMPUTE, LEVEL_CHOICES, LEVEL_FEATURES, LEVEL_MODEL, Granularity,
+                    InterceptorError, Role, Signal, check_range)
+from .memory import Footprint, at_features
 from .metrics import Measure, combined
 from .records import Evaluation, Forward
 from .run import Run
@@ -162,11 +163,21 @@ class Decider(Interceptor):
     end_percent: float = 1.0
     max_consecutive_cached: int = -1
     last_step: str = LAST_STEP_COMPUTE  # "forecast": the rule decides the last step too (kinds.LAST_STEP_CHOICES)
+    # "features": a whole-model decider's skip runs the forward with every transformer block passed through and each
+    # block group's residual forecast (kinds.LEVEL_CHOICES; engine.model_forward)
+    level: str = LEVEL_MODEL
 
     def validate(self) -> None:
         if self.last_step not in LAST_STEP_CHOICES:
             raise InterceptorError(f"{self.label}: 'last_step' must be one of {', '.join(LAST_STEP_CHOICES)}, "
                                    f"got {self.last_step!r}.")
+        if self.level not in LEVEL_CHOICES:
+            raise InterceptorError(f"{self.label}: 'level' must be one of {', '.join(LEVEL_CHOICES)}, "
+                                   f"got {self.level!r}.")
+        if self.level == LEVEL_FEATURES and (self.granularity != Granularity.MODEL or self.verifies_forecast):
+            raise InterceptorError(f"{self.label}: 'level' {LEVEL_FEATURES} is for the whole-model methods that "
+                                   f"forecast what they skip unchecked (Fixed Cadence, Adaptive Cache, Auto "
+                                   f"Calibrate's plans); set it to {LEVEL_MODEL}.")
         check_range(self.label, "start_percent", self.start_percent, 0.0, 1.0)
         check_range(self.label, "end_percent", self.end_percent, 0.0, 1.0)
         check_range(self.label, "max_consecutive_cached", self.max_consecutive_cached, -1)
@@ -231,6 +242,19 @@ class Decider(Interceptor):
         reused would exceed the decider's limits (the moving context windows of ComfyUI's uniform schedules bring
         a new window, computed, on every step)."""
         return ev.decisions.get(self.id, True)
+
+
+class _FootprintAtLevel(_Declared):
+    """A decider's footprint: its declaration's, or at the feature level what the block stack's forecast keeps."""
+
+    def __get__(self, obj, owner):
+        declared = super().__get__(obj, owner)
+        if obj is not None and declared is not None and obj.level == LEVEL_FEATURES:
+            return at_features(declared)
+        return declared
+
+
+Decider.footprint = _FootprintAtLevel("footprint")
 
 
 @dataclasses.dataclass(frozen=True)

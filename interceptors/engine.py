@@ -21,6 +21,11 @@ through, the model keeps adding this step's additions to it (computed on the pas
 the last block adds the cached residual: each such addition is counted once, and none is stale. An
 addition made outside ComfyUI's hooks, which the adapter cannot see, would stay inside the residual and be
 counted twice on skipped steps.
+
+A whole-model decider at the feature level (``Decider.level`` "features", where the adapter gave the run a block
+plan of one segment per block group: ``LoopState.feature_plan``) decides in :func:`model_forward` as at the model
+level, and its skip is carried out by the block stack's machinery above: the forward runs, its blocks pass the
+stream through and each group's forecast residual is added, so only the embeddings and the final layer compute.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from .kinds import NEGATIVE, POSITIVE, Signal
+from .kinds import LEVEL_FEATURES, NEGATIVE, POSITIVE, Signal
 from .records import BranchKey, Forward
 from .state import LoopState
 
@@ -128,6 +133,8 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
     # sigma 0 the decision computes, and there is no epsilon to keep
     if ev.sigma == 0:
         return compute()
+    if decider.level == LEVEL_FEATURES and run.feature_plan is not None:
+        return _features_forward(run, decider, forward, run.feature_plan, x, sigma, signals, compute_it, compute)
     if not compute_it and all(run.caches.has(k, "output") for k in forward.keys):
         forward.computed = False
         forward.model_skipped = True
@@ -142,6 +149,25 @@ def model_forward(run: LoopState, forward: Forward, x: torch.Tensor, sigma: torc
     for key, eps in outputs.items():
         run.caches.store(key, "output", eps, ev.sigma)
     run.computed(decider, forward, signals, outputs)
+    return out
+
+
+def _features_forward(run: LoopState, decider, forward: Forward, plan: "BlockPlan", x: torch.Tensor,
+                      sigma: torch.Tensor, signals, compute_it: bool, compute: Callable[[], torch.Tensor]):
+    """A whole-model decider's forward at the feature level: the forward always runs, its embeddings and final
+    layer for real. On a skip every transformer block passes the stream through and the last block of each group
+    adds the estimator's forecast of the group's residual (:func:`block_call`, one segment per group and stream);
+    on a computed forward the blocks keep those residuals. The decider decides and learns as at the model level."""
+    forward.features = True
+    forward.skip_blocks = not compute_it and all(run.caches.segments_cached(key, len(plan.segments))
+                                                 for key in forward.keys)
+    out = compute()
+    if forward.skip_blocks and forward.blocks_run < forward.blocks_total:
+        forward.computed = False
+        run.skipped(decider)
+        return out
+    # computed, or a skip the blocks could not carry out (a forward the Comfy Compiler records runs them all)
+    run.computed(decider, forward, signals, forward.split(to_eps(x, out, sigma)))
     return out
 
 
@@ -213,7 +239,9 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
                run_block: Callable[[dict], dict], modulated_input: Callable[[], torch.Tensor] | None = None) -> dict:
     """Run (or pass through) one transformer block at ``position`` in execution order."""
     forward = run.current_forward
-    decider = run.block_decider
+    # a whole-model decider at the feature level decided this forward already (_features_forward)
+    features = forward is not None and forward.features
+    decider = run.model_decider if features else run.block_decider
     if forward is not None:
         forward.blocks_total += 1
     if forward is None or decider is None or not forward.cacheable or not plan.skippable:
@@ -307,6 +335,6 @@ def block_call(run: LoopState, plan: BlockPlan, position: int, out_keys: tuple[s
         for key, value in parts.items():
             run.caches.store_residual(key, segment, k, value, ev.sigma)
             forward.residuals.setdefault(f"{segment}.{k}", {})[key] = value
-    if segment == len(plan.segments) - 1:
+    if segment == len(plan.segments) - 1 and not features:  # the feature level's decider is told with the output
         run.computed(decider, forward, forward.signals.get(decider.id))
     return out

@@ -77,6 +77,12 @@ def check_range(node: str, name: str, value: float, low: float | None = None, hi
 LAST_STEP_COMPUTE, LAST_STEP_FORECAST = "compute", "forecast"
 LAST_STEP_CHOICES = (LAST_STEP_COMPUTE, LAST_STEP_FORECAST)
 
+# Where a whole-model decider's skip is carried out (``Decider.level``): around the whole forward, forecasting the
+# model output (the default), or inside the block stack, forecasting each block group's residual while the
+# embeddings and the final layer run (a family whose card has no block stack falls back to the model output).
+LEVEL_MODEL, LEVEL_FEATURES = "model", "features"
+LEVEL_CHOICES = (LEVEL_MODEL, LEVEL_FEATURES)
+
 
 # The guider's cond index of each branch in a CFG step (ComfyUI's ``cond_or_uncond``): 0 the positive
 # conditioning, 1 the negative one. Engine and methods tell branches apart by these, never by display names.

@@ -11,6 +11,8 @@ known before a 14B video model is loaded. Per CFG branch a run keeps:
 * whole-model methods (Fixed Cadence, Adaptive Cache, Verified Forecast): ``points`` model outputs in float32
   (ComfyUI hands the sampler float32), and the Adaptive Cache three more latent-sized tensors (its input and
   output anchors and the last input), Verified Forecast one (the input at the last computed step);
+* a whole-model method at ``level`` "features": what a block cache without front or back blocks keeps, one residual
+  per block group and stream, ``points`` of them;
 * Verified Block Cache: what DBCache keeps, the back blocks' residual as one more segment (its full skip forecasts
   them), and its probe residual kept ``points`` times (it forecasts it);
 * the Guidance Cache, for the negative branch only: its forecast's points of the guidance difference (or of the
@@ -39,6 +41,12 @@ class Footprint:
     cached: Cached
     anchor: Anchor | None = None
     points: int | None = None  # for Cached.NEGATIVE_BRANCH: how many tensors the history keeps
+
+
+def at_features(footprint: Footprint) -> Footprint:
+    """What a whole-model decider with ``footprint`` keeps at the feature level (``Decider.level``): each block
+    group's residual per stream in place of its model outputs, and its anchor as before."""
+    return dataclasses.replace(footprint, cached=Cached.BLOCK_STREAMS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,11 +10,12 @@ from .kinds import NonFiniteOutputError
 
 
 def _skipper(run, forward) -> str | None:
-    """The decider whose skip made (part of) this forward's output: the step cache for a whole forward, else
-    the block cache. Another decider's skips in the same evaluation (the Guidance Cache's) are not this one's."""
+    """The decider whose skip made (part of) this forward's output: the step cache for a whole forward or for its
+    blocks at the feature level, else the block cache. Another decider's skips in the same evaluation (the Guidance
+    Cache's) are not this one's."""
     if forward.computed:
         return None
-    decider = run.model_decider if forward.model_skipped else run.block_decider
+    decider = run.model_decider if forward.model_skipped or forward.features else run.block_decider
     return decider.label if decider is not None else None
 
 

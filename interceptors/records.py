@@ -184,6 +184,7 @@ class Forward:
         self.computed = True             # False when any of its model work was skipped
         self.model_skipped = False       # the whole forward was replaced (whole-model level)
         self.skip_blocks: bool | None = None  # None until the block-level decision is made
+        self.features = False            # a whole-model decider's skip is carried out in the blocks (Decider.level)
         self.refresh_back = False        # a skip's middle tier: the back segments run (BlockPlan.back_segments)
         self.forecasts: dict[BranchKey, torch.Tensor] | None = None  # computed forward: what a skip would have used
         self.signals: dict[str, dict[BranchKey, torch.Tensor]] = {}

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, Callable
 
 from .base import Interceptor
-from .kinds import LAST_STEP_CHOICES, LAST_STEP_COMPUTE
+from .kinds import LAST_STEP_CHOICES, LAST_STEP_COMPUTE, LEVEL_CHOICES, LEVEL_MODEL
 
 INPUT_TYPES = ("int", "float", "bool", "choice", "text")
 
@@ -59,11 +59,13 @@ class Sweep:
 @dataclasses.dataclass(frozen=True)
 class MemoryRow:
     """A row of docs/memory.md's table: ``settings`` None counts the method's class with each estimator order;
-    otherwise an instance with these settings, on its own. ``not_for``: model families the node refuses."""
+    otherwise an instance with these settings, on its own (or with each order, ``orders``). ``not_for``: model
+    families the node refuses."""
 
     label: str
     settings: dict | None = None
     not_for: tuple[str, ...] = ()
+    orders: bool = False  # an instance with ``settings``, with each estimator order as the class rows are
 
 
 WINDOW = {"start_percent": 0.0, "end_percent": 1.0}  # caching allowed over the whole schedule
@@ -126,6 +128,18 @@ def last_step_input() -> Input:
         "nothing cached yet is still computed). On Spectrum's schedule, forecasting the last step instead of "
         "computing it read 2.5 dB higher on the bundled digits model and 5 dB on the video model; which schedule "
         "is best depends on the model (bench/schedules.md)."))
+
+
+def level_input() -> Input:
+    """The setting of the whole-model deciders that forecast what they skip unchecked: where a skip is forecast.
+    Appended last and optional: a workflow saved without it keeps forecasting the model output."""
+    return Input("level", "choice", default=LEVEL_MODEL, choices=LEVEL_CHOICES, optional=True, tooltip=(
+        "model: a skipped step does not run the model, and its output is forecast. features: the embeddings and the "
+        "final layer run, every transformer block is passed by and each block group's output is forecast (per "
+        "stream), on models whose transformer blocks the pack knows (elsewhere it works at model, with a note); it "
+        "keeps block-stream residuals instead of model outputs. On the bundled models it mostly read below model at "
+        "equal work (28 steps, TaylorSeer or Spectrum Forecast, mean over seeds: photos -2.7 to +0.1 dB, digits -5.4 "
+        "to -0.2 dB, video -4.1 to +0.6 dB; bench/feature_level.md): compare both on your model."))
 
 
 def threshold_input(default: float, tooltip: str, maximum: float = 100.0, step: float = 0.01) -> Input:

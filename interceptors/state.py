@@ -67,6 +67,10 @@ class LoopState:
         # (``threads``, a :class:`~.threads.DeviceThreads`, where the chain has such a decider).
         self.decided_ahead = False
         self.threads: DeviceThreads | None = None
+        # The block stack's plan (engine.BlockPlan, one segment per block group) where the adapter installed block
+        # slots for a whole-model decider at the feature level (Decider.level); None: that decider works on the
+        # model output, as at its default level.
+        self.feature_plan = None
         self.lifecycle = Lifecycle(self.sample_sigmas, first_step, schedule_steps)
         self.decisions = Decisions(chain, percent_to_sigma, group)
         self.caches = Caches(self.estimator, self.sample_sigmas, cache_device)

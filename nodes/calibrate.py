@@ -13,11 +13,13 @@ from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, M
                             PlannedSchedule, Quality, Recorder, TaylorSeer, calibrate, image_quality, latent_quality,
                             recorded_ratios, recorded_trajectory, seed_margin, worst_quality)
 from ..interceptors.methods.guidance import PLANNED
-from ..interceptors.kinds import NEGATIVE
+from ..interceptors.kinds import LEVEL_MODEL, NEGATIVE
 from ..interceptors.methods.planned import Plan
 from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
 from ..interceptors.methods.schedule_search import search as search_plan
+from ..interceptors.spec import level_input
 from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
+from .configs import comfy_input
 from .sampler import ksampler_inputs
 
 
@@ -150,6 +152,7 @@ class AutoCalibrate(CalibrationNode):
                     "how much the plan's PSNR differs from seed to seed (three times its standard deviation over the "
                     "seeds checked, at most 6 dB), so that the target also holds on seeds not checked; 'none' plans for min_psnr itself "
                     "(cheaper plans that miss it on more unseen seeds).")),
+                comfy_input(level_input()),  # the plan's level: its candidates are measured there
             ],
             outputs=[chain_output(),
                      io.Latent.Output(display_name="uncached_latent", tooltip=(
@@ -161,7 +164,7 @@ class AutoCalibrate(CalibrationNode):
 
     @classmethod
     def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=3, search=None, candidates=4,
-                negative_branch=None, margin=None, **prompt) -> io.NodeOutput:
+                negative_branch=None, margin=None, level=LEVEL_MODEL, **prompt) -> io.NodeOutput:
         search = search or SEARCHES[0]
         leave_negative_out = negative_branch == NEGATIVE_BRANCH[1]
         node, sample, reference = cls.uncached_pass(model, prompt, Recorder)
@@ -176,7 +179,8 @@ class AutoCalibrate(CalibrationNode):
 
         def plan_chain(compute, measured=None, forecast=order, leave_out=()):
             items = [PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=tuple(schedule),
-                                     sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node),
+                                     sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node,
+                                     level=level),
                      TaylorSeer(order=forecast, node=node)]
             if leave_out:
                 items.append(GuidanceCache(mode=PLANNED, leave_out=tuple(leave_out), sigmas=tuple(sigmas),

@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import Decider
-from ..kinds import LAST_STEP_COMPUTE, Anchor, Cached, Granularity, Signal, check_range
+from ..kinds import LAST_STEP_COMPUTE, LEVEL_MODEL, Anchor, Cached, Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import mean_abs_diff_of, mean_abs_of
 from ..threads import AfterComputed
-from ..spec import (Example, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, max_consecutive_input,
-                    percent_inputs, threshold_input)
+from ..spec import (Example, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, level_input,
+                    max_consecutive_input, percent_inputs, threshold_input)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +114,11 @@ SPECS = (MethodSpec(
     "stays under the threshold. Works on every model ComfyUI can sample, without calibration.",
     (threshold_input(0.1, "Accumulated predicted output change under which steps are skipped. 0 disables "
                      "caching (bit-identical). 0.05 is cautious, 0.1 balanced, 0.2 fast."),
-     max_consecutive_input(-1), *percent_inputs(0.15, 0.95), last_step_input()),
-    lambda threshold, max_consecutive_cached, start_percent, end_percent, last_step=LAST_STEP_COMPUTE: AdaptiveCache(
+     max_consecutive_input(-1), *percent_inputs(0.15, 0.95), last_step_input(), level_input()),
+    lambda threshold, max_consecutive_cached, start_percent, end_percent, last_step=LAST_STEP_COMPUTE,
+    level=LEVEL_MODEL: AdaptiveCache(
         threshold=threshold, max_consecutive_cached=max_consecutive_cached, start_percent=start_percent,
-        end_percent=end_percent, last_step=last_step),
+        end_percent=end_percent, last_step=last_step, level=level),
     AdaptiveCache,
     Prose(when=(
         "The cache for any model without calibration, UNets and families without block hooks included: it "
@@ -133,7 +134,12 @@ SPECS = (MethodSpec(
     # the core-level tests' tiny Flux skips from a lower threshold than the tiny models of the prompts
     examples=(Example("adaptive", (("AdaptiveCache", dict(threshold=2.0, max_consecutive_cached=-1, **WINDOW),
                                     dict(threshold=0.0, max_consecutive_cached=-1, **WINDOW)),),
-                      core=dict(threshold=0.6)),),
-    memory=(MemoryRow("Adaptive Cache"),),
+                      core=dict(threshold=0.6)),
+              Example("adaptive at features", (
+                  ("AdaptiveCache", dict(threshold=2.0, max_consecutive_cached=-1, level="features", **WINDOW),
+                   dict(threshold=0.0, max_consecutive_cached=-1, level="features", **WINDOW)),),
+                  core=dict(threshold=0.6))),
+    memory=(MemoryRow("Adaptive Cache"), MemoryRow("Adaptive Cache, level features", dict(level="features"),
+                                                   orders=True)),
     summary="EasyCache-style runtime-adaptive whole-model cache. Any model.",
 ),)

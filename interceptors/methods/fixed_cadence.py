@@ -22,11 +22,12 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import Decider
-from ..kinds import LAST_STEP_COMPUTE, Cached, Granularity, InterceptorError
+from ..kinds import LAST_STEP_COMPUTE, LEVEL_MODEL, Cached, Granularity, InterceptorError
 from ..records import Evaluation
 from ..run import Run
 from ..memory import Footprint
-from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, percent_inputs
+from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW, last_step_input, level_input,
+                    percent_inputs)
 
 MAX_GROWTH = 16.0  # the largest growth of the interval per computed step
 MAX_GROWTH_RATIO = 4.0  # the largest factor of the interval per computed step
@@ -116,11 +117,11 @@ SPECS = (MethodSpec(
          "After each step the cadence computes, the interval is multiplied by this (then 'growth' is added), so the "
          "gaps grow geometrically. 1: no geometric growth. Spectrum's schedule, steps 0, 1, 2, 4, 7, 11, 16, 22 of "
          "28 (counted from 0) with the last forecast, is warmup_steps 3, interval 2, growth 1, last_step forecast.")),
-     last_step_input()),
+     last_step_input(), level_input()),
     lambda interval, start_percent, end_percent, growth=0.0, warmup_steps=0, growth_ratio=1.0,
-    last_step=LAST_STEP_COMPUTE: FixedCadence(
+    last_step=LAST_STEP_COMPUTE, level=LEVEL_MODEL: FixedCadence(
         interval=interval, start_percent=start_percent, end_percent=end_percent, growth=growth,
-        warmup_steps=warmup_steps, growth_ratio=growth_ratio, last_step=last_step),
+        warmup_steps=warmup_steps, growth_ratio=growth_ratio, last_step=last_step, level=level),
     FixedCadence,
     Prose(when=(
         "The simplest cache and, chained with TaylorSeer Forecast, the strongest the pack measured: it computes "
@@ -134,6 +135,10 @@ SPECS = (MethodSpec(
     sweep=Sweep("fixed_cadence", (1, 2, 3, 4, 5, 6), quick=(1, 2, 4)),
     examples=(
         Example("fixed cadence", (("FixedCadence", dict(interval=2, **WINDOW), dict(interval=1, **WINDOW)),)),
+        Example("fixed cadence at features + taylorseer", (
+            ("FixedCadence", dict(interval=2, level="features", **WINDOW),
+             dict(interval=1, level="features", **WINDOW)),
+            ("TaylorSeer", dict(order=1), dict(order=1)))),
         Example("fixed cadence + taylorseer", (
             ("FixedCadence", dict(interval=3, **WINDOW), dict(interval=1, **WINDOW)),
             ("TaylorSeer", dict(order=2), dict(order=2)))),
@@ -148,7 +153,8 @@ SPECS = (MethodSpec(
             ("Spectrum", dict(window=4, degree=1, ridge=0.1, blend=0.5, order=1),
              dict(window=4, degree=1, ridge=0.1, blend=0.5, order=1)))),
     ),
-    memory=(MemoryRow("Fixed Cadence"),),
+    memory=(MemoryRow("Fixed Cadence"), MemoryRow("Fixed Cadence, level features", dict(level="features"),
+                                                  orders=True)),
     summary=(
         "Compute every N-th step after the first `warmup_steps`; `growth` (added) and `growth_ratio` "
         "(multiplied) widen the interval after each computed step, and with `last_step` forecast they give "

@@ -178,8 +178,9 @@ def _scheduled(comfy, name) -> bool:
         methods.skipping(ic)[name]).deciders)
 
 
-SCHEDULED = ["fixed cadence", "fixed cadence + taylorseer", "fixed cadence + spectrum", "growing cadence + spectrum",
-             "magcache", "guidance cache", "guidance cache + fixed cadence", "guidance agreement"]
+SCHEDULED = ["fixed cadence", "fixed cadence at features + taylorseer", "fixed cadence + taylorseer",
+             "fixed cadence + spectrum", "growing cadence + spectrum", "magcache", "guidance cache",
+             "guidance cache + fixed cadence", "guidance agreement"]
 # Deciders that measure what the model computes, each device's thread its rows, one decision from all of them
 GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache", "adaptive", "verified forecast + taylorseer",
             "verified blocks + taylorseer"]

@@ -99,11 +99,12 @@ def test_a_run_holds_what_the_memory_table_predicts_and_at_most_order_plus_2_str
     assert run.cache_bytes and set(run.cache_peak_bytes) == {"cpu"}
     points = 1 if order is None else order + 1
     footprint = chain[0].footprint
-    if footprint.cached == "model_outputs":   # model outputs, float32, and the Adaptive Cache's 3 anchors
-        anchors = 3 if footprint.anchor == "model_anchors" else 0
-        bound = (points + anchors) * TINY_FLUX.latent_elements * 4 * TINY_FLUX.branches
-    else:   # (order + 2) block-stream tensors per branch and cached quantity
-        bound = (points + 1) * TINY_FLUX.segment_streams * TINY_FLUX.branches
+    # the Adaptive Cache's 3 latent-sized float32 anchors, at either level
+    anchors = (3 if footprint.anchor == "model_anchors" else 0) * TINY_FLUX.latent_elements * 4 * TINY_FLUX.branches
+    if footprint.cached == "model_outputs":   # model outputs, float32
+        bound = points * TINY_FLUX.latent_elements * 4 * TINY_FLUX.branches + anchors
+    else:   # (order + 2) block-stream tensors per branch and cached quantity (a feature level's: and its anchors)
+        bound = (points + 1) * TINY_FLUX.segment_streams * TINY_FLUX.branches + anchors
     assert held <= bound
 
 

@@ -55,6 +55,8 @@ def parse_args(argv=None) -> Config:
                    help="override a sweep, e.g. fbcache=0,0.1,0.2 (keys: " + ", ".join(SWEEPS) + "; and "
                    + ", ".join(f"schedule.{k}" for k in SCHEDULE_GRID) + " for Spectrum-style peers' grid; "
                    "growing.warmup_steps and growing.last_step for Fixed Cadence's growing schedule)")
+    p.add_argument("--levels", help="the levels measured of the whole-model nodes that have a 'level' input, "
+                   "comma-separated (default model; model,features compares both)")
     p.add_argument("--no-spectrum", action="store_true",
                    help="do not chain the pack's Spectrum Forecast after each pack decider")
     p.add_argument("--extend", type=int, help="settings a sweep may add to reach below 30 dB PSNR (default 3; "
@@ -116,6 +118,8 @@ def parse_args(argv=None) -> Config:
     for item in a.sweep:
         key, _, values = item.partition("=")
         c.sweeps[key.strip()] = [_number(v) for v in values.split(",") if v.strip()]
+    if a.levels is not None:
+        c.levels = [s.strip() for s in a.levels.split(",") if s.strip()] or ["model"]
     if a.only:
         c.only = [s.strip() for s in a.only.split(",") if s.strip()]
     if a.dbcache_presets is not None:

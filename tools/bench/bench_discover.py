@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -122,6 +123,8 @@ class Config:
     replot: str | None = None
     extend: int = 3                      # settings a sweep may add to reach below EXTEND_BELOW_DB
     command: str | None = None           # the command line recorded in the results (None: from the settings)
+    # the levels measured of every node with a 'level' input (a whole-model method's: "model", "features")
+    levels: list = dataclasses.field(default_factory=lambda: ["model"])
 
 
 @dataclasses.dataclass
@@ -345,6 +348,14 @@ def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
         return _sweep_for(cls, param, config.quick)
 
     def add_with_taylorseer(m: Method):
+        """``m`` at each level measured (a node without a 'level' input: as it is), each with its estimators."""
+        if "level" not in _inputs(mappings[m.node]):
+            return add_at_level(m)
+        for level in config.levels:
+            add_at_level(m if level == "model" else dataclasses.replace(
+                m, key=f"{m.key}@{level}", label=f"{m.label} at level {level}", fixed={**m.fixed, "level": level}))
+
+    def add_at_level(m: Method):
         methods.append(m)
         if not has_ts:
             return
@@ -479,5 +490,7 @@ def discover(nodes_module, config: Config) -> tuple[list[Method], list[dict]]:
             m.param_max = spec[1][1].get("max")
     if config.only:
         wanted = set(config.only)
-        methods = [m for m in methods if m.key in wanted or m.key.split("+")[0] in wanted]
+        # a key names its method at every level measured ("fixed_cadence+ts1": "fixed_cadence@features+ts1" too)
+        names = (lambda key: {key, key.split("+")[0]})
+        methods = [m for m in methods if (names(m.key) | names(re.sub(r"@\w+", "", m.key))) & wanted]
     return methods, skipped

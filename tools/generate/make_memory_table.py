@@ -51,9 +51,10 @@ def table() -> str:
     # each method's rows as its declaration lists them: its class with each estimator order, or its own history
     for spec in methods.SPECS:
         for row in spec.memory:
-            if row.settings is None:
+            if row.settings is None or row.orders:
+                method = spec.interceptor if row.settings is None else spec.interceptor(**row.settings)
                 for order, suffix in ORDERS:
-                    lines.append(f"| {row.label}{suffix} | {cells(spec.interceptor, order, row.not_for)} |")
+                    lines.append(f"| {row.label}{suffix} | {cells(method, order, row.not_for)} |")
             else:
                 lines.append(f"| {row.label} | {cells(spec.interceptor(**row.settings), not_for=row.not_for)} |")
     return "\n".join(lines)
