@@ -182,8 +182,8 @@ SCHEDULED = ["fixed cadence", "fixed cadence at features + taylorseer", "fixed c
              "fixed cadence + spectrum", "growing cadence + spectrum", "magcache", "guidance cache",
              "guidance cache + fixed cadence", "guidance agreement"]
 # Deciders that measure what the model computes, each device's thread its rows, one decision from all of them
-GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache", "adaptive", "verified forecast + taylorseer",
-            "verified blocks + taylorseer"]
+GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache", "adaptive", "adaptive at features",
+            "verified forecast + taylorseer", "verified blocks + taylorseer"]
 SHARED = SCHEDULED + GATHERED
 
 
