@@ -151,6 +151,29 @@ def _stats(tables):
     return tables["latent_mean"].view(1, -1, 1, 1, 1), tables["latent_std"].view(1, -1, 1, 1, 1)
 
 
+POSITION_CODES = ("none", "time", "time+space")
+
+
+def position_code(kind="none", amplitude=1.0):
+    """A fixed pattern [16, T, 8, 8] that tells each latent position where it is, since Wan's 3-D RoPE is
+    relative: "time" ramps from -amplitude (first frame) to +amplitude (last) in every channel, the same all over
+    a frame; "time+space" ramps time, x and y in every third channel each. A model trained with one
+    (``train_video_model --position-code``) takes it as 16 more input channels (``in_dim`` 32), beside the noisy
+    latent, never denoised: :func:`class_conditioning` passes it as Wan's ``concat_latent_image``."""
+    code = torch.zeros(LATENT_CHANNELS, FRAMES, LATENT_SIZE, LATENT_SIZE)
+    if kind == "none":
+        return code
+    if kind not in POSITION_CODES:
+        raise ValueError(f"unknown position code {kind!r}; choose one of {POSITION_CODES}")
+    axes = (1,) if kind == "time" else (1, 3, 2)  # the code's axes: time, then x (width), y (height)
+    channel = torch.arange(LATENT_CHANNELS)
+    for i, axis in enumerate(axes):
+        size = code.shape[axis]
+        ramp = torch.linspace(-amplitude, amplitude, size).view([size if d == axis else 1 for d in range(4)])
+        code += ramp * (channel % len(axes) == i).float().view(-1, 1, 1, 1)
+    return code
+
+
 def encode(videos, tables=None):
     """Encode videos [B, T, 3, 32, 32] to a ComfyUI-space latent [B, 16, T, 8, 8] (what a VAE encode gives)."""
     tables = tables or load_tables()
@@ -228,8 +251,10 @@ def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.flo
 
 def load_tables(path=None):
     """Frozen tables stored next to the weights: ``class_context`` [8, 4, 32], ``latent_mean`` [16],
-    ``latent_std`` [16]."""
-    return loader.load_tables(path or WEIGHTS_PATH, ("class_context", "latent_mean", "latent_std"))
+    ``latent_std`` [16], and ``position_code`` [16, 8, 8, 8] where the model takes one (:func:`position_code`)."""
+    path = path or WEIGHTS_PATH
+    optional = tuple(k for k in ("position_code",) if k in loader.read_cached(path)[0])
+    return loader.load_tables(path, ("class_context", "latent_mean", "latent_std") + optional)
 
 
 def load_model(path=None, device="cpu", dtype=torch.float32):
@@ -247,10 +272,15 @@ def make_class_table(seed=1234, tokens=CONTEXT_TOKENS, dim=TEXT_DIM):
 
 def class_conditioning(labels, tables=None):
     """ComfyUI CONDITIONING (positive, negative) for a list of class labels: positive
-    ``[[context[B, 4, 32], {}]]`` from the class table, negative the same shape filled with zeros."""
+    ``[[context[B, 4, 32], {}]]`` from the class table, negative the same shape filled with zeros; both carry the
+    model's position code, if it takes one, as ``concat_latent_image`` (in ComfyUI's latent space, which Wan's
+    ``concat_cond`` maps back)."""
     tables = tables or load_tables()
     context = tables["class_context"][torch.as_tensor(list(labels), dtype=torch.long)]
-    return [[context, {}]], [[torch.zeros_like(context), {}]]
+    extra = {}
+    if "position_code" in tables:
+        extra["concat_latent_image"] = latent_format().process_out(tables["position_code"].unsqueeze(0))
+    return [[context, dict(extra)]], [[torch.zeros_like(context), dict(extra)]]
 
 
 def parse_classes(text, node="Tiny Video Model"):

@@ -74,6 +74,34 @@ def test_decoder_is_fixed_lossy_and_consistent(video_model):
     assert video_model.learned_accuracy(videos, wrong) == 0.0
 
 
+def test_position_code_reaches_the_network_as_extra_input_channels(video_model, model):
+    """A model trained with a position code (``train_video_model --position-code``) takes it as 16 more input
+    channels, passed by the conditioning to both branches through Wan's ``concat_latent_image``; the shipped model
+    has none, and its conditioning carries nothing more than the class."""
+    plain = video_model.load_tables()
+    assert "position_code" not in plain
+    positive, negative = video_model.class_conditioning([0, 5], plain)
+    assert positive[0][1] == {} and negative[0][1] == {}
+    assert torch.count_nonzero(video_model.position_code("none")) == 0
+    time_code = video_model.position_code("time")
+    assert torch.equal(time_code[:, 0], torch.full_like(time_code[:, 0], -1.0))
+    assert torch.equal(time_code[:, -1], torch.full_like(time_code[:, -1], 1.0))
+    assert (time_code[:, 1:] > time_code[:, :-1]).all()  # later frames read higher, the same all over a frame
+    space = video_model.position_code("time+space")
+    assert not torch.equal(space[1, :, :, 0], space[1, :, :, -1]) and torch.equal(space[1, 0], space[1, -1])
+    config = {**video_model.DEFAULT_UNET_CONFIG, "in_dim": 32}
+    coded = video_model.build_model(config, seed=0)
+    seen = []
+    net = coded.model.diffusion_model
+    forward = net.forward_orig
+    net.forward_orig = lambda x, *args, **kwargs: seen.append(x.detach().clone()) or forward(x, *args, **kwargs)
+    tables = {**plain, "position_code": space}
+    latent = video_model.sample_videos(coded, [0, 5], steps=2, cfg=3.0, tables=tables)
+    assert latent.shape == (2, 16, video_model.FRAMES, video_model.LATENT_SIZE, video_model.LATENT_SIZE)
+    assert len(seen) == 2 and seen[0].shape[:2] == (4, 32)  # cond and uncond rows, latent + code channels
+    assert torch.allclose(seen[0][:, 16:], space.expand(4, -1, -1, -1, -1), atol=1e-5)
+
+
 def test_samples_are_deterministic_finite_move_and_follow_the_class(video_model, model):
     labels = [int(c) for c in CLASSES]
     first = video_model.sample_videos(model, labels, steps=STEPS, cfg=3.0, seed=0)

@@ -101,9 +101,14 @@ def train(vm, args):
     stats_videos = vm.make_videos(torch.arange(2048) % vm.NUM_CLASSES, torch.Generator().manual_seed(args.seed + 7))
     mean, std = vm.latent_stats(stats_videos)
     tables = {"class_context": vm.make_class_table(seed=args.seed + 1234), "latent_mean": mean, "latent_std": std}
+    config = model_config(vm, args)
+    position = None
+    if args.position_code != "none":  # 16 more input channels, never noised (video.position_code)
+        tables["position_code"] = vm.position_code(args.position_code, args.code_amplitude)
+        position = tables["position_code"].unsqueeze(0).expand(args.batch, -1, -1, -1, -1)
     view = (1, -1, 1, 1, 1)
 
-    patcher = vm.build_model(vm.DEFAULT_UNET_CONFIG, seed=args.seed)
+    patcher = vm.build_model(config, seed=args.seed)
     net = patcher.model.diffusion_model
     net.train()
     params = list(net.parameters())
@@ -117,7 +122,7 @@ def train(vm, args):
     for step in range(args.steps):
         labels = torch.randint(0, vm.NUM_CLASSES, (args.batch,), generator=gen)
         x0 = (vm.raw_latent(vm.make_videos(labels, gen)) - mean.view(view)) / std.view(view)
-        t = sample_t(args.batch, gen)
+        t = sample_t(args.batch, gen, args.t_shift)
         noise = torch.randn(x0.shape, generator=gen)
         tt = t.view(-1, 1, 1, 1, 1)
         x_t, target = (1.0 - tt) * x0 + tt * noise, noise - x0
@@ -125,8 +130,9 @@ def train(vm, args):
         context = tables["class_context"][labels] * keep
         for group in opt.param_groups:
             group["lr"] = common.lr_at(step, args.steps, args.lr, args.warmup)
+        net_input = x_t if position is None else torch.cat([x_t, position], dim=1)
         with trainable_wan():
-            out = net(x_t, t * 1000.0, context)  # timestep = sigma * multiplier (1000)
+            out = net(net_input, t * 1000.0, context)  # timestep = sigma * multiplier (1000)
         losses.append(common.optimiser_step(out, target, opt, params, ema, args.ema))
         if (step + 1) % 50 == 0 or step + 1 == args.steps:
             tail = losses[-50:]
@@ -135,7 +141,7 @@ def train(vm, args):
             print(line, flush=True)
 
     seconds = time.time() - start
-    probe = torch.randn(4, 16, vm.FRAMES, vm.LATENT_SIZE, vm.LATENT_SIZE, generator=gen)
+    probe = torch.randn(4, config["in_dim"], vm.FRAMES, vm.LATENT_SIZE, vm.LATENT_SIZE, generator=gen)
     err = check_patches_exact(net, probe, torch.rand(4, generator=gen) * 1000.0, tables["class_context"][:4])
     print(f"patched training forward matches ComfyUI's own (max abs err {err:.1e})")
     names = [n for n, _ in net.named_parameters()]
@@ -144,6 +150,14 @@ def train(vm, args):
     info = {"train_steps": args.steps, "train_seconds": round(seconds, 1),
             "final_loss": round(sum(tail) / len(tail), 5), "train_log": "\n".join(log)}
     return state, tables, info
+
+
+def model_config(vm, args):
+    """The network's config: the tiny default, 16 input channels wider where it takes a position code."""
+    config = dict(vm.DEFAULT_UNET_CONFIG)
+    if args.position_code != "none":
+        config["in_dim"] = config["in_dim"] + vm.LATENT_CHANNELS
+    return config
 
 
 # -------------------------------------------------------------- output ----
@@ -158,6 +172,7 @@ def save(path, state, tables, config, info, args):
                   "1/3 shift-3 uniform, 10% label dropout, AdamW cosine, EMA",
         "data": "procedural moving shapes (nodes/demo_models/video.py make_videos), 8 frames 32x32 RGB",
         "classes": json.dumps(list(CLASSES_FROM_MODULE)),
+        "position_code": f"{args.position_code} {args.code_amplitude:g}",
     })
 
 
@@ -177,7 +192,11 @@ def evaluate(vm, path, png_path, samples_per_class=8):
         latent = vm.sample_videos(model, labels, steps=28, cfg=cfg, seed=0, tables=tables)
         videos = vm.decode_videos(latent, tables)
         accuracy, direction = vm.class_accuracy(videos, labels)
+        _, shape = vm.classify_videos(videos)
+        truth = torch.tensor(labels)
         out[f"cfg{cfg:g}"] = {"class_accuracy": accuracy, "direction_accuracy": direction,
+                              "shape_accuracy": float((shape == truth // len(vm.DIRECTIONS)).float().mean()),
+                              "colour_accuracy": float((vm.hue_classes(videos) == truth).float().mean()),
                               "mean_motion_px": round(float(vm.motion(videos).mean()), 2),
                               "finite": bool(torch.isfinite(latent).all())}
         if cfg == 3.0:
@@ -195,6 +214,13 @@ def parse_args(argv=None):
     p.add_argument("--ema", type=float, default=0.99)
     p.add_argument("--label-dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--position-code", default="none", choices=("none", "time", "time+space"),
+                   help="a fixed pattern the network takes as 16 more input channels, telling each token its frame "
+                        "(and place), which Wan's relative RoPE does not (video.position_code)")
+    p.add_argument("--t-shift", type=float, default=3.0,
+                   help="the shift of the third of the noise levels drawn shifted (3: the sampler's); higher trains "
+                        "more where the noise is high, where the layout of a clip is decided")
+    p.add_argument("--code-amplitude", type=float, default=1.0, help="the position code's largest value")
     p.add_argument("--out", default=os.path.join(ASSETS, "tiny_wan_video.safetensors"))
     p.add_argument("--png", default=os.path.join(ASSETS, "tiny_wan_video_samples.png"))
     return p.parse_args(argv)
@@ -208,16 +234,17 @@ def main(argv=None):
     vm = import_video_model()
     CLASSES_FROM_MODULE = vm.CLASS_NAMES
     state, tables, info = train(vm, args)
-    save(args.out, state, tables, vm.DEFAULT_UNET_CONFIG, info, args)
+    save(args.out, state, tables, model_config(vm, args), info, args)
     print(f"trained {info['train_steps']} steps in {info['train_seconds']} s, final loss {info['final_loss']}")
     checks = evaluate(vm, args.out, args.png)
     info["sample_check"] = json.dumps(checks)
-    save(args.out, state, tables, vm.DEFAULT_UNET_CONFIG, info, args)  # the check goes into the metadata too
+    save(args.out, state, tables, model_config(vm, args), info, args)  # the check goes into the metadata too
     size_mb = os.path.getsize(args.out) / 2 ** 20
     print(f"wrote {os.path.relpath(args.out, ROOT)} ({size_mb:.1f} MiB) and {os.path.relpath(args.png, ROOT)}")
     for cfg, c in checks.items():
         print(f"{cfg}: class (shape and direction) accuracy {c['class_accuracy']:.2f}, direction "
-              f"{c['direction_accuracy']:.2f}, mean motion {c['mean_motion_px']} px over {vm.FRAMES} frames"
+              f"{c['direction_accuracy']:.2f}, shape {c['shape_accuracy']:.2f}, colour {c['colour_accuracy']:.2f}, "
+              f"mean motion {c['mean_motion_px']} px over {vm.FRAMES} frames"
               f"{'' if c['finite'] else ' (NON-FINITE OUTPUT)'}")
 
 
