@@ -102,6 +102,33 @@ def test_position_code_reaches_the_network_as_extra_input_channels(video_model, 
     assert torch.allclose(seen[0][:, 16:], space.expand(4, -1, -1, -1, -1), atol=1e-5)
 
 
+def test_class_paths_travel_in_their_class_direction_and_leave_the_negative_branch(video_model):
+    """``train_video_model --class-path``: each class's mean latent, a band that moves as the class does, is an input
+    of the prompted branch only; the unconditional branch gets zeros there (and the position code, if any)."""
+    plain = video_model.load_tables()
+    labels = torch.arange(512) % video_model.NUM_CLASSES
+    videos = video_model.make_videos(labels, torch.Generator().manual_seed(4))
+    paths = video_model.class_paths(videos, labels, plain)
+    assert paths.shape == (8, 16, video_model.FRAMES, video_model.LATENT_SIZE, video_model.LATENT_SIZE)
+    mean, std = plain["latent_mean"].view(1, -1, 1, 1, 1), plain["latent_std"].view(1, -1, 1, 1, 1)
+    direction, _ = video_model.classify_videos(video_model.raw_decode(paths * std + mean).clamp(0.0, 1.0))
+    assert direction.tolist() == (torch.arange(8) % len(video_model.DIRECTIONS)).tolist()
+    space = video_model.position_code("time+space")
+    tables = {**plain, "position_code": space, "class_path": paths}
+    positive, negative = video_model.class_conditioning([3, 6], tables)
+    fmt = video_model.latent_format()
+
+    def model_space(image):  # what Wan's concat_cond hands the network
+        return torch.cat([fmt.process_in(chunk) for chunk in image.split(16, dim=1)], dim=1)
+
+    prompted, unconditional = (model_space(c[0][1]["concat_latent_image"]) for c in (positive, negative))
+    assert prompted.shape == unconditional.shape == (2, 32, video_model.FRAMES, 8, 8)
+    for extra in (prompted, unconditional):
+        assert torch.allclose(extra[:, :16], space.expand(2, -1, -1, -1, -1), atol=1e-4)
+    assert torch.allclose(prompted[:, 16:], paths[[3, 6]], atol=1e-4)
+    assert torch.allclose(unconditional[:, 16:], torch.zeros_like(paths[:2]), atol=1e-4)
+
+
 def test_samples_are_deterministic_finite_move_and_follow_the_class(video_model, model):
     labels = [int(c) for c in CLASSES]
     first = video_model.sample_videos(model, labels, steps=STEPS, cfg=3.0, seed=0)

@@ -102,10 +102,10 @@ def train(vm, args):
     mean, std = vm.latent_stats(stats_videos)
     tables = {"class_context": vm.make_class_table(seed=args.seed + 1234), "latent_mean": mean, "latent_std": std}
     config = model_config(vm, args)
-    position = None
-    if args.position_code != "none":  # 16 more input channels, never noised (video.position_code)
+    if args.position_code != "none":  # 16 more input channels, never noised (video.extra_inputs)
         tables["position_code"] = vm.position_code(args.position_code, args.code_amplitude)
-        position = tables["position_code"].unsqueeze(0).expand(args.batch, -1, -1, -1, -1)
+    if args.class_path:
+        tables["class_path"] = vm.class_paths(stats_videos, torch.arange(2048) % vm.NUM_CLASSES, tables)
     view = (1, -1, 1, 1, 1)
 
     patcher = vm.build_model(config, seed=args.seed)
@@ -130,7 +130,8 @@ def train(vm, args):
         context = tables["class_context"][labels] * keep
         for group in opt.param_groups:
             group["lr"] = common.lr_at(step, args.steps, args.lr, args.warmup)
-        net_input = x_t if position is None else torch.cat([x_t, position], dim=1)
+        extra = vm.extra_inputs(tables, labels, keep.view(-1))
+        net_input = x_t if extra is None else torch.cat([x_t, extra], dim=1)
         with trainable_wan():
             out = net(net_input, t * 1000.0, context)  # timestep = sigma * multiplier (1000)
         losses.append(common.optimiser_step(out, target, opt, params, ema, args.ema))
@@ -155,8 +156,7 @@ def train(vm, args):
 def model_config(vm, args):
     """The network's config: the tiny default, 16 input channels wider where it takes a position code."""
     config = dict(vm.DEFAULT_UNET_CONFIG)
-    if args.position_code != "none":
-        config["in_dim"] = config["in_dim"] + vm.LATENT_CHANNELS
+    config["in_dim"] += vm.LATENT_CHANNELS * ((args.position_code != "none") + args.class_path)
     return config
 
 
@@ -172,7 +172,7 @@ def save(path, state, tables, config, info, args):
                   "1/3 shift-3 uniform, 10% label dropout, AdamW cosine, EMA",
         "data": "procedural moving shapes (nodes/demo_models/video.py make_videos), 8 frames 32x32 RGB",
         "classes": json.dumps(list(CLASSES_FROM_MODULE)),
-        "position_code": f"{args.position_code} {args.code_amplitude:g}",
+        "position_code": f"{args.position_code} {args.code_amplitude:g}", "class_path": str(args.class_path),
     })
 
 
@@ -217,6 +217,9 @@ def parse_args(argv=None):
     p.add_argument("--position-code", default="none", choices=("none", "time", "time+space"),
                    help="a fixed pattern the network takes as 16 more input channels, telling each token its frame "
                         "(and place), which Wan's relative RoPE does not (video.position_code)")
+    p.add_argument("--class-path", action="store_true",
+                   help="the network also takes the prompted class's mean latent (where its shape is on average in "
+                        "each frame) as 16 more input channels, zero when the label is dropped (video.class_paths)")
     p.add_argument("--t-shift", type=float, default=3.0,
                    help="the shift of the third of the noise levels drawn shifted (3: the sampler's); higher trains "
                         "more where the noise is high, where the layout of a clip is decided")
