@@ -14,6 +14,13 @@ Recipe
   guidance, Ho & Salimans 2022).
 * AdamW, lr 2e-3 with linear warm-up and cosine decay, batch 16, EMA 0.99, a fixed number of steps,
   one CPU thread, fixed seeds: the same torch build retrains the same weights.
+* Motion (off by default, the shipped model has none; ``bench/video_motion.md``): trained as above, the samples
+  from pure noise move in a random direction, because the clip's layout is settled in the first steps, where the
+  network's prediction is the same for every class. ``--class-path`` gives it the prompted class's mean latent
+  (a band travelling in the class's direction) as 16 more input channels, zero in the unconditional branch;
+  ``--position-code`` a fixed time/space ramp (Wan's 3-D RoPE is relative), which alone does not make them
+  follow it. Both reach the network at sampling time through Wan's ``concat_latent_image``
+  (``video.extra_inputs``).
 
 ComfyUI's Wan code is written for inference: its RoPE goes through the ``comfy_kitchen`` op, which has no
 autograd formula. For the training forward passes only, ``comfy.ldm.wan.model.apply_rope1`` is replaced
