@@ -151,6 +151,52 @@ def _stats(tables):
     return tables["latent_mean"].view(1, -1, 1, 1, 1), tables["latent_std"].view(1, -1, 1, 1, 1)
 
 
+POSITION_CODES = ("none", "time", "time+space")
+
+
+def position_code(kind="none", amplitude=1.0):
+    """A fixed pattern [16, T, 8, 8] that tells each latent position where it is, since Wan's 3-D RoPE is
+    relative: "time" ramps from -amplitude (first frame) to +amplitude (last) in every channel, the same all over
+    a frame; "time+space" ramps time, x and y in every third channel each. A model trained with one
+    (``train_video_model --position-code``) takes it as 16 more input channels beside the noisy latent, never
+    denoised (:func:`extra_inputs`)."""
+    code = torch.zeros(LATENT_CHANNELS, FRAMES, LATENT_SIZE, LATENT_SIZE)
+    if kind == "none":
+        return code
+    if kind not in POSITION_CODES:
+        raise ValueError(f"unknown position code {kind!r}; choose one of {POSITION_CODES}")
+    axes = (1,) if kind == "time" else (1, 3, 2)  # the code's axes: time, then x (width), y (height)
+    channel = torch.arange(LATENT_CHANNELS)
+    for i, axis in enumerate(axes):
+        size = code.shape[axis]
+        ramp = torch.linspace(-amplitude, amplitude, size).view([size if d == axis else 1 for d in range(4)])
+        code += ramp * (channel % len(axes) == i).float().view(-1, 1, 1, 1)
+    return code
+
+
+def class_paths(videos, labels, tables):
+    """Each class's mean standardised latent [8, 16, T, 8, 8] over ``videos`` of the classes ``labels``: where its
+    shape is on average in each frame, a band that travels in the class's direction."""
+    labels = torch.as_tensor(labels, dtype=torch.long)
+    mean, std = _stats(tables)
+    z = (raw_latent(videos) - mean) / std
+    return torch.stack([z[labels == c].mean(0) for c in range(NUM_CLASSES)])
+
+
+def extra_inputs(tables, labels, keep=None):
+    """The input channels [B, 16 k, T, 8, 8] a model takes beside the noisy latent (standardised space), or None
+    for a model that takes none: the tables' ``position_code`` (:func:`position_code`), then the prompted
+    class's ``class_path`` (:func:`class_paths`), zero where ``keep`` [B] is 0 (the unconditional branch)."""
+    n = len(labels)
+    parts = []
+    if "position_code" in tables:
+        parts.append(tables["position_code"].unsqueeze(0).expand(n, -1, -1, -1, -1))
+    if "class_path" in tables:
+        path = tables["class_path"][torch.as_tensor(labels, dtype=torch.long)]
+        parts.append(path if keep is None else path * keep.view(-1, 1, 1, 1, 1))
+    return torch.cat(parts, dim=1) if parts else None
+
+
 def encode(videos, tables=None):
     """Encode videos [B, T, 3, 32, 32] to a ComfyUI-space latent [B, 16, T, 8, 8] (what a VAE encode gives)."""
     tables = tables or load_tables()
@@ -228,8 +274,11 @@ def build_model(unet_config=None, device="cpu", initialise=True, dtype=torch.flo
 
 def load_tables(path=None):
     """Frozen tables stored next to the weights: ``class_context`` [8, 4, 32], ``latent_mean`` [16],
-    ``latent_std`` [16]."""
-    return loader.load_tables(path or WEIGHTS_PATH, ("class_context", "latent_mean", "latent_std"))
+    ``latent_std`` [16], and where the model takes them ``position_code`` [16, 8, 8, 8] and ``class_path``
+    [8, 16, 8, 8, 8] (:func:`extra_inputs`)."""
+    path = path or WEIGHTS_PATH
+    optional = tuple(k for k in ("position_code", "class_path") if k in loader.read_cached(path)[0])
+    return loader.load_tables(path, ("class_context", "latent_mean", "latent_std") + optional)
 
 
 def load_model(path=None, device="cpu", dtype=torch.float32):
@@ -247,10 +296,18 @@ def make_class_table(seed=1234, tokens=CONTEXT_TOKENS, dim=TEXT_DIM):
 
 def class_conditioning(labels, tables=None):
     """ComfyUI CONDITIONING (positive, negative) for a list of class labels: positive
-    ``[[context[B, 4, 32], {}]]`` from the class table, negative the same shape filled with zeros."""
+    ``[[context[B, 4, 32], {}]]`` from the class table, negative the same shape filled with zeros. For a model that
+    takes :func:`extra_inputs`, both carry theirs (the negative without the class) as ``concat_latent_image``, in
+    ComfyUI's latent space, which Wan's ``concat_cond`` maps back 16 channels at a time."""
     tables = tables or load_tables()
-    context = tables["class_context"][torch.as_tensor(list(labels), dtype=torch.long)]
-    return [[context, {}]], [[torch.zeros_like(context), {}]]
+    labels = list(labels)
+    context = tables["class_context"][torch.as_tensor(labels, dtype=torch.long)]
+    branches = []
+    for keep in (torch.ones(len(labels)), torch.zeros(len(labels))):
+        extra = extra_inputs(tables, labels, keep)
+        branches.append({} if extra is None else {"concat_latent_image": torch.cat(
+            [latent_format().process_out(chunk) for chunk in extra.split(LATENT_CHANNELS, dim=1)], dim=1)})
+    return [[context, branches[0]]], [[torch.zeros_like(context), branches[1]]]
 
 
 def parse_classes(text, node="Tiny Video Model"):

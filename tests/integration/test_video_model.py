@@ -74,6 +74,61 @@ def test_decoder_is_fixed_lossy_and_consistent(video_model):
     assert video_model.learned_accuracy(videos, wrong) == 0.0
 
 
+def test_position_code_reaches_the_network_as_extra_input_channels(video_model, model):
+    """A model trained with a position code (``train_video_model --position-code``) takes it as 16 more input
+    channels, passed by the conditioning to both branches through Wan's ``concat_latent_image``; the shipped model
+    has none, and its conditioning carries nothing more than the class."""
+    plain = video_model.load_tables()
+    assert "position_code" not in plain
+    positive, negative = video_model.class_conditioning([0, 5], plain)
+    assert positive[0][1] == {} and negative[0][1] == {}
+    assert torch.count_nonzero(video_model.position_code("none")) == 0
+    time_code = video_model.position_code("time")
+    assert torch.equal(time_code[:, 0], torch.full_like(time_code[:, 0], -1.0))
+    assert torch.equal(time_code[:, -1], torch.full_like(time_code[:, -1], 1.0))
+    assert (time_code[:, 1:] > time_code[:, :-1]).all()  # later frames read higher, the same all over a frame
+    space = video_model.position_code("time+space")
+    assert not torch.equal(space[1, :, :, 0], space[1, :, :, -1]) and torch.equal(space[1, 0], space[1, -1])
+    config = {**video_model.DEFAULT_UNET_CONFIG, "in_dim": 32}
+    coded = video_model.build_model(config, seed=0)
+    seen = []
+    net = coded.model.diffusion_model
+    forward = net.forward_orig
+    net.forward_orig = lambda x, *args, **kwargs: seen.append(x.detach().clone()) or forward(x, *args, **kwargs)
+    tables = {**plain, "position_code": space}
+    latent = video_model.sample_videos(coded, [0, 5], steps=2, cfg=3.0, tables=tables)
+    assert latent.shape == (2, 16, video_model.FRAMES, video_model.LATENT_SIZE, video_model.LATENT_SIZE)
+    assert len(seen) == 2 and seen[0].shape[:2] == (4, 32)  # cond and uncond rows, latent + code channels
+    assert torch.allclose(seen[0][:, 16:], space.expand(4, -1, -1, -1, -1), atol=1e-5)
+
+
+def test_class_paths_travel_in_their_class_direction_and_leave_the_negative_branch(video_model):
+    """``train_video_model --class-path``: each class's mean latent, a band that moves as the class does, is an input
+    of the prompted branch only; the unconditional branch gets zeros there (and the position code, if any)."""
+    plain = video_model.load_tables()
+    labels = torch.arange(512) % video_model.NUM_CLASSES
+    videos = video_model.make_videos(labels, torch.Generator().manual_seed(4))
+    paths = video_model.class_paths(videos, labels, plain)
+    assert paths.shape == (8, 16, video_model.FRAMES, video_model.LATENT_SIZE, video_model.LATENT_SIZE)
+    mean, std = plain["latent_mean"].view(1, -1, 1, 1, 1), plain["latent_std"].view(1, -1, 1, 1, 1)
+    direction, _ = video_model.classify_videos(video_model.raw_decode(paths * std + mean).clamp(0.0, 1.0))
+    assert direction.tolist() == (torch.arange(8) % len(video_model.DIRECTIONS)).tolist()
+    space = video_model.position_code("time+space")
+    tables = {**plain, "position_code": space, "class_path": paths}
+    positive, negative = video_model.class_conditioning([3, 6], tables)
+    fmt = video_model.latent_format()
+
+    def model_space(image):  # what Wan's concat_cond hands the network
+        return torch.cat([fmt.process_in(chunk) for chunk in image.split(16, dim=1)], dim=1)
+
+    prompted, unconditional = (model_space(c[0][1]["concat_latent_image"]) for c in (positive, negative))
+    assert prompted.shape == unconditional.shape == (2, 32, video_model.FRAMES, 8, 8)
+    for extra in (prompted, unconditional):
+        assert torch.allclose(extra[:, :16], space.expand(2, -1, -1, -1, -1), atol=1e-4)
+    assert torch.allclose(prompted[:, 16:], paths[[3, 6]], atol=1e-4)
+    assert torch.allclose(unconditional[:, 16:], torch.zeros_like(paths[:2]), atol=1e-4)
+
+
 def test_samples_are_deterministic_finite_move_and_follow_the_class(video_model, model):
     labels = [int(c) for c in CLASSES]
     first = video_model.sample_videos(model, labels, steps=STEPS, cfg=3.0, seed=0)

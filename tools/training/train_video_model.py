@@ -14,6 +14,13 @@ Recipe
   guidance, Ho & Salimans 2022).
 * AdamW, lr 2e-3 with linear warm-up and cosine decay, batch 16, EMA 0.99, a fixed number of steps,
   one CPU thread, fixed seeds: the same torch build retrains the same weights.
+* Motion (off by default, the shipped model has none; ``bench/video_motion.md``): trained as above, the samples
+  from pure noise move in a random direction, because the clip's layout is settled in the first steps, where the
+  network's prediction is the same for every class. ``--class-path`` gives it the prompted class's mean latent
+  (a band travelling in the class's direction) as 16 more input channels, zero in the unconditional branch;
+  ``--position-code`` a fixed time/space ramp (Wan's 3-D RoPE is relative), which alone does not make them
+  follow it. Both reach the network at sampling time through Wan's ``concat_latent_image``
+  (``video.extra_inputs``).
 
 ComfyUI's Wan code is written for inference: its RoPE goes through the ``comfy_kitchen`` op, which has no
 autograd formula. For the training forward passes only, ``comfy.ldm.wan.model.apply_rope1`` is replaced
@@ -101,9 +108,14 @@ def train(vm, args):
     stats_videos = vm.make_videos(torch.arange(2048) % vm.NUM_CLASSES, torch.Generator().manual_seed(args.seed + 7))
     mean, std = vm.latent_stats(stats_videos)
     tables = {"class_context": vm.make_class_table(seed=args.seed + 1234), "latent_mean": mean, "latent_std": std}
+    config = model_config(vm, args)
+    if args.position_code != "none":  # 16 more input channels, never noised (video.extra_inputs)
+        tables["position_code"] = vm.position_code(args.position_code, args.code_amplitude)
+    if args.class_path:
+        tables["class_path"] = vm.class_paths(stats_videos, torch.arange(2048) % vm.NUM_CLASSES, tables)
     view = (1, -1, 1, 1, 1)
 
-    patcher = vm.build_model(vm.DEFAULT_UNET_CONFIG, seed=args.seed)
+    patcher = vm.build_model(config, seed=args.seed)
     net = patcher.model.diffusion_model
     net.train()
     params = list(net.parameters())
@@ -117,7 +129,7 @@ def train(vm, args):
     for step in range(args.steps):
         labels = torch.randint(0, vm.NUM_CLASSES, (args.batch,), generator=gen)
         x0 = (vm.raw_latent(vm.make_videos(labels, gen)) - mean.view(view)) / std.view(view)
-        t = sample_t(args.batch, gen)
+        t = sample_t(args.batch, gen, args.t_shift)
         noise = torch.randn(x0.shape, generator=gen)
         tt = t.view(-1, 1, 1, 1, 1)
         x_t, target = (1.0 - tt) * x0 + tt * noise, noise - x0
@@ -125,8 +137,10 @@ def train(vm, args):
         context = tables["class_context"][labels] * keep
         for group in opt.param_groups:
             group["lr"] = common.lr_at(step, args.steps, args.lr, args.warmup)
+        extra = vm.extra_inputs(tables, labels, keep.view(-1))
+        net_input = x_t if extra is None else torch.cat([x_t, extra], dim=1)
         with trainable_wan():
-            out = net(x_t, t * 1000.0, context)  # timestep = sigma * multiplier (1000)
+            out = net(net_input, t * 1000.0, context)  # timestep = sigma * multiplier (1000)
         losses.append(common.optimiser_step(out, target, opt, params, ema, args.ema))
         if (step + 1) % 50 == 0 or step + 1 == args.steps:
             tail = losses[-50:]
@@ -135,7 +149,7 @@ def train(vm, args):
             print(line, flush=True)
 
     seconds = time.time() - start
-    probe = torch.randn(4, 16, vm.FRAMES, vm.LATENT_SIZE, vm.LATENT_SIZE, generator=gen)
+    probe = torch.randn(4, config["in_dim"], vm.FRAMES, vm.LATENT_SIZE, vm.LATENT_SIZE, generator=gen)
     err = check_patches_exact(net, probe, torch.rand(4, generator=gen) * 1000.0, tables["class_context"][:4])
     print(f"patched training forward matches ComfyUI's own (max abs err {err:.1e})")
     names = [n for n, _ in net.named_parameters()]
@@ -144,6 +158,13 @@ def train(vm, args):
     info = {"train_steps": args.steps, "train_seconds": round(seconds, 1),
             "final_loss": round(sum(tail) / len(tail), 5), "train_log": "\n".join(log)}
     return state, tables, info
+
+
+def model_config(vm, args):
+    """The network's config: the tiny default, 16 input channels wider where it takes a position code."""
+    config = dict(vm.DEFAULT_UNET_CONFIG)
+    config["in_dim"] += vm.LATENT_CHANNELS * ((args.position_code != "none") + args.class_path)
+    return config
 
 
 # -------------------------------------------------------------- output ----
@@ -158,6 +179,7 @@ def save(path, state, tables, config, info, args):
                   "1/3 shift-3 uniform, 10% label dropout, AdamW cosine, EMA",
         "data": "procedural moving shapes (nodes/demo_models/video.py make_videos), 8 frames 32x32 RGB",
         "classes": json.dumps(list(CLASSES_FROM_MODULE)),
+        "position_code": f"{args.position_code} {args.code_amplitude:g}", "class_path": str(args.class_path),
     })
 
 
@@ -177,7 +199,11 @@ def evaluate(vm, path, png_path, samples_per_class=8):
         latent = vm.sample_videos(model, labels, steps=28, cfg=cfg, seed=0, tables=tables)
         videos = vm.decode_videos(latent, tables)
         accuracy, direction = vm.class_accuracy(videos, labels)
+        _, shape = vm.classify_videos(videos)
+        truth = torch.tensor(labels)
         out[f"cfg{cfg:g}"] = {"class_accuracy": accuracy, "direction_accuracy": direction,
+                              "shape_accuracy": float((shape == truth // len(vm.DIRECTIONS)).float().mean()),
+                              "colour_accuracy": float((vm.hue_classes(videos) == truth).float().mean()),
                               "mean_motion_px": round(float(vm.motion(videos).mean()), 2),
                               "finite": bool(torch.isfinite(latent).all())}
         if cfg == 3.0:
@@ -195,6 +221,16 @@ def parse_args(argv=None):
     p.add_argument("--ema", type=float, default=0.99)
     p.add_argument("--label-dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--position-code", default="none", choices=("none", "time", "time+space"),
+                   help="a fixed pattern the network takes as 16 more input channels, telling each token its frame "
+                        "(and place), which Wan's relative RoPE does not (video.position_code)")
+    p.add_argument("--class-path", action="store_true",
+                   help="the network also takes the prompted class's mean latent (where its shape is on average in "
+                        "each frame) as 16 more input channels, zero when the label is dropped (video.class_paths)")
+    p.add_argument("--t-shift", type=float, default=3.0,
+                   help="the shift of the third of the noise levels drawn shifted (3: the sampler's); higher trains "
+                        "more where the noise is high, where the layout of a clip is decided")
+    p.add_argument("--code-amplitude", type=float, default=1.0, help="the position code's largest value")
     p.add_argument("--out", default=os.path.join(ASSETS, "tiny_wan_video.safetensors"))
     p.add_argument("--png", default=os.path.join(ASSETS, "tiny_wan_video_samples.png"))
     return p.parse_args(argv)
@@ -208,16 +244,17 @@ def main(argv=None):
     vm = import_video_model()
     CLASSES_FROM_MODULE = vm.CLASS_NAMES
     state, tables, info = train(vm, args)
-    save(args.out, state, tables, vm.DEFAULT_UNET_CONFIG, info, args)
+    save(args.out, state, tables, model_config(vm, args), info, args)
     print(f"trained {info['train_steps']} steps in {info['train_seconds']} s, final loss {info['final_loss']}")
     checks = evaluate(vm, args.out, args.png)
     info["sample_check"] = json.dumps(checks)
-    save(args.out, state, tables, vm.DEFAULT_UNET_CONFIG, info, args)  # the check goes into the metadata too
+    save(args.out, state, tables, model_config(vm, args), info, args)  # the check goes into the metadata too
     size_mb = os.path.getsize(args.out) / 2 ** 20
     print(f"wrote {os.path.relpath(args.out, ROOT)} ({size_mb:.1f} MiB) and {os.path.relpath(args.png, ROOT)}")
     for cfg, c in checks.items():
         print(f"{cfg}: class (shape and direction) accuracy {c['class_accuracy']:.2f}, direction "
-              f"{c['direction_accuracy']:.2f}, mean motion {c['mean_motion_px']} px over {vm.FRAMES} frames"
+              f"{c['direction_accuracy']:.2f}, shape {c['shape_accuracy']:.2f}, colour {c['colour_accuracy']:.2f}, "
+              f"mean motion {c['mean_motion_px']} px over {vm.FRAMES} frames"
               f"{'' if c['finite'] else ' (NON-FINITE OUTPUT)'}")
 
 
