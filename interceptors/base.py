@@ -16,7 +16,7 @@ from .cards import ModelCard
 from .kinds import (LAST_STEP_CHOICES, LAST_STEP_COMPUTE, LEVEL_CHOICES, LEVEL_FEATURES, LEVEL_MODEL, Granularity,
                     InterceptorError, Role, Signal, check_range)
 from .memory import Footprint, at_features
-from .metrics import Measure, combined
+from .metrics import Measure, combined_each
 from .records import Evaluation, Forward
 from .run import Run
 
@@ -213,11 +213,8 @@ class Decider(Interceptor):
         each thread's own measures (``parts``, transferred, in the order of the rows' branches), for a decider
         that ``gathers_over_threads``: by default each measure's sums added before its ratio
         (:func:`~.metrics.combined`). None where they cannot be joined: the evaluation is computed."""
-        counts = {len(measured) for measured in parts}
-        if len(counts) != 1:
-            return None  # the threads measured differently (one had no anchor yet)
-        joined = [combined([measured[i] for measured in parts]) for i in range(counts.pop())]
-        return None if any(m is None for m in joined) else joined
+        joined = combined_each(parts)  # None: the threads measured differently (one had no anchor yet)
+        return None if joined is None or any(m is None for m in joined) else joined
 
     def decide(self, run: Run, ev: Evaluation, signals: dict[Any, torch.Tensor] | None,
                measured: list[Measure]) -> bool:

@@ -60,6 +60,14 @@ def combined(parts: list[Measure]) -> Measure | None:
     return out
 
 
+def combined_each(parts: list[list[Measure]]) -> list[Measure | None] | None:
+    """Each holder's list of measures joined position by position (:func:`combined`); None where the holders
+    measured a different number of them."""
+    if len({len(measures) for measures in parts}) != 1:
+        return None
+    return [combined([measures[i] for measures in parts]) for i in range(len(parts[0]))]
+
+
 def to_host(tensors: list[torch.Tensor]) -> list[list[float]]:
     """The values of ``tensors`` (any shapes, any devices), flattened, one list per tensor: the tensors of each
     device are concatenated there and brought over at once, so one device costs one sync (float64 holds every

@@ -19,7 +19,7 @@ import os
 import threading
 
 from .base import Decider
-from .metrics import combined, deliver, terms_of
+from .metrics import combined_each, deliver, terms_of
 
 # Every measuring decider of the pack declares ``gathers_over_threads``. DBCache, First Block Cache, TeaCache,
 # Adaptive Cache and the Verified Forecast measure ratios of sums over rows, added up over the threads
@@ -96,8 +96,7 @@ class AfterComputed:
 def _pooled(parts: list[list]) -> list:
     if len(parts) == 1:
         return [m.value() for m in parts[0]]
-    joined = [combined([part[i] for part in parts]) for i in range(len(parts[0]))]
-    return [None if m is None else m.value() for m in joined]
+    return [None if m is None else m.value() for m in combined_each(parts)]
 
 
 class _Meeting:
