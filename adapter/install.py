@@ -5,6 +5,7 @@ import logging
 import time
 from typing import Callable
 
+import torch
 from comfy.patcher_extension import WrappersMP
 
 from ..interceptors import ChainError, Granularity, InterceptorChain, LoopState, NaNWatch, summarize
@@ -129,6 +130,11 @@ class Installation:
             raise ChainError("\n".join(problems))
         sigmas = args[3] if len(args) > 3 else kwargs["sigmas"]
         sampler = args[2] if len(args) > 2 else kwargs.get("sampler")
+        swapped = _sampling_sigmas(chain, sigmas, sampler_identity(sampler))
+        if swapped is not None:  # an aligned plan's sigmas, for the run it was calibrated on
+            sigmas = swapped
+            args, kwargs = ((*args[:3], sigmas, *args[4:]), kwargs) if len(args) > 3 else (args, {**kwargs,
+                                                                                                "sigmas": sigmas})
         sampling = guider.model_patcher.get_model_object("model_sampling")
         first_step, schedule_steps = schedule or (0, None)
         run = LoopState(chain, sigmas.tolist(), percent_to_sigma=lambda p: float(sampling.percent_to_sigma(p)),
@@ -246,6 +252,17 @@ class Installation:
         window = model_options["transformer_options"].get("context_window")
         return guided_batch(run, conds, x_in, timestep, batch,
                             window=tuple(window.index_list) if window is not None else None)
+
+
+def _sampling_sigmas(chain: InterceptorChain, sigmas, sampler: str):
+    """The sigmas the chain's deciders have this run step through instead of ``sigmas`` (a tensor like them), or
+    None to keep them."""
+    asked = sigmas.tolist()
+    for decider in chain.deciders:
+        swapped = decider.sampling_sigmas(asked, sampler)
+        if swapped is not None:
+            return torch.tensor(list(swapped), dtype=sigmas.dtype, device=sigmas.device)
+    return None
 
 
 def _window_frames(window) -> tuple[int, ...] | None:

@@ -216,6 +216,11 @@ class Decider(Interceptor):
         joined = combined_each(parts)  # None: the threads measured differently (one had no anchor yet)
         return None if joined is None or any(m is None for m in joined) else joined
 
+    def sampling_sigmas(self, sigmas: Sequence[float], sampler: str) -> Sequence[float] | None:
+        """The sigmas a run asking for ``sigmas`` with ``sampler`` (``LoopState.sampler``) steps through instead,
+        swapped in by the adapter before the run starts; None (every decider but an aligned plan): its own."""
+        return None
+
     def decide(self, run: Run, ev: Evaluation, signals: dict[Any, torch.Tensor] | None,
                measured: list[Measure]) -> bool:
         """Return True to compute, False to skip. Window and first/last-step guards are applied before.

@@ -16,7 +16,9 @@ from ..interceptors.methods.guidance import PLANNED
 from ..interceptors.kinds import LEVEL_MODEL, NEGATIVE
 from ..interceptors.methods.planned import Plan
 from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
+from ..interceptors.methods.schedule_alignment import align, alignment_runs
 from ..interceptors.methods.schedule_search import search as search_plan
+from ..interceptors.methods.taylorseer import same_sigma
 from ..interceptors.spec import level_input
 from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
 from .configs import comfy_input
@@ -77,6 +79,26 @@ LATENT_NOTE = (" This is latent, not image, PSNR: how it relates to image qualit
 SEARCHES = ["steps and forecast", "steps", "greedy"]
 NEGATIVE_BRANCH = ["always computed", "left out where the target holds"]
 MARGINS = ["auto", "none"]
+
+
+ALIGN_TOOLTIP = (
+    "For 'budget': after the plan is chosen, move the sigmas its computed steps run at (the skipped steps' re-spaced "
+    "between them; the first and last sigma stay) where real cached runs read a higher PSNR against the uncached "
+    "one: cache-aware schedule alignment, after BudCache (arXiv 2606.13496), as a coordinate search of 2 rounds, "
+    f"at most 4 runs per computed step and seed ({alignment_runs(8)} at a budget of 8). A move is kept only where it raises the "
+    "worst seed's PSNR, so the plan is never worse than without it on the seeds checked. The chain then makes the "
+    "sampler step through those sigmas, only at the steps, sampler, scheduler and denoise calibrated; any other "
+    "run computes every step and says so. For samplers with one model evaluation per step.")
+
+
+def why_not_aligned(target: str, sigmas, schedule) -> str | None:
+    """Why a plan's sigmas cannot be aligned (None when they can): only a 'budget' plan (a 'quality' plan's
+    budget is what the search lowers), of a sampler that evaluates the model once per step at its sigmas."""
+    if target != "budget":
+        return "alignment is for the 'budget' target"
+    if len(sigmas) != len(schedule) - 1 or not all(same_sigma(a, b) for a, b in zip(sigmas, schedule)):
+        return "this sampler evaluates the model other than once per step at the schedule's sigmas"
+    return None
 
 
 def computed_negative(run) -> bool:
@@ -153,6 +175,7 @@ class AutoCalibrate(CalibrationNode):
                     "seeds checked, at most 6 dB), so that the target also holds on seeds not checked; 'none' plans for min_psnr itself "
                     "(cheaper plans that miss it on more unseen seeds).")),
                 comfy_input(level_input()),  # the plan's level: its candidates are measured there
+                io.Boolean.Input("align_schedule", default=False, optional=True, tooltip=ALIGN_TOOLTIP),
             ],
             outputs=[chain_output(),
                      io.Latent.Output(display_name="uncached_latent", tooltip=(
@@ -164,7 +187,8 @@ class AutoCalibrate(CalibrationNode):
 
     @classmethod
     def execute(cls, model, target, min_psnr, budget, order, vae=None, seeds=3, search=None, candidates=4,
-                negative_branch=None, margin=None, level=LEVEL_MODEL, **prompt) -> io.NodeOutput:
+                negative_branch=None, margin=None, level=LEVEL_MODEL, align_schedule=False,
+                **prompt) -> io.NodeOutput:
         search = search or SEARCHES[0]
         leave_negative_out = negative_branch == NEGATIVE_BRANCH[1]
         node, sample, reference = cls.uncached_pass(model, prompt, Recorder)
@@ -177,10 +201,10 @@ class AutoCalibrate(CalibrationNode):
         quality = latent_quality if vae is None else image_quality
         uncached = [final(latent) for latent in references]
 
-        def plan_chain(compute, measured=None, forecast=order, leave_out=()):
-            items = [PlannedSchedule(compute=tuple(compute), sigmas=tuple(sigmas), schedule=tuple(schedule),
-                                     sampler=recorded.sampler, cfg=recorded.cfg, quality=measured, node=node,
-                                     level=level),
+        def plan_chain(compute, measured=None, forecast=order, leave_out=(), aligned=()):
+            items = [PlannedSchedule(compute=tuple(compute), sigmas=tuple(aligned[:-1] or sigmas),
+                                     schedule=tuple(schedule), sampler=recorded.sampler, cfg=recorded.cfg,
+                                     quality=measured, node=node, level=level, aligned=tuple(aligned)),
                      TaylorSeer(order=forecast, node=node)]
             if leave_out:
                 items.append(GuidanceCache(mode=PLANNED, leave_out=tuple(leave_out), sigmas=tuple(sigmas),
@@ -189,10 +213,10 @@ class AutoCalibrate(CalibrationNode):
 
         measured: dict[tuple, Quality] = {}  # a plan measured by the first search is not sampled again
 
-        def measure(compute, forecast=order, leave_out=()) -> Quality:
-            key = (tuple(compute), forecast, tuple(leave_out))
+        def measure(compute, forecast=order, leave_out=(), aligned=()) -> Quality:
+            key = (tuple(compute), forecast, tuple(leave_out), tuple(aligned))
             if key not in measured:
-                chain = plan_chain(compute, forecast=forecast, leave_out=leave_out)
+                chain = plan_chain(compute, forecast=forecast, leave_out=leave_out, aligned=aligned)
                 measured[key] = worst_quality(quality(ref, final(sample(chain, seed)))
                                               for ref, seed in zip(uncached, seed_list))
             return measured[key]
@@ -226,6 +250,13 @@ class AutoCalibrate(CalibrationNode):
                 if left_out:
                     plan = dataclasses.replace(plan, quality=left_quality, negative_left_out=left_out,
                                                runs=plan.runs + len(tried))
+            unaligned = None
+            if align_schedule:
+                unaligned = why_not_aligned(target, sigmas, schedule)
+                if unaligned is None:
+                    found = align(schedule, plan.compute, lambda s: measure(plan.compute, order, (), s), plan.quality)
+                    plan = dataclasses.replace(plan, quality=found.quality, plain_psnr=plan.quality.psnr,
+                                               align_runs=found.runs, aligned=found.schedule if found.moved else ())
         except InterceptorError as e:
             raise InterceptorError(f"{node}: {e}") from None
         steps = tuple(r.step for r in recorded.records)  # how the text numbers them: steps, or evaluations of steps
@@ -236,8 +267,11 @@ class AutoCalibrate(CalibrationNode):
                      f"dB, the spread of the PSNR over the {seeds} seeds")
         if target == "quality" and len(plan.compute) == len(sigmas):
             text += f" (the target {min_psnr if asked == min_psnr else f'{asked:.2f}'} dB needs every step computed)"
+        if unaligned is not None:
+            text += f"; the sigmas were not aligned: {unaligned}"
         text += "." + (LATENT_NOTE if vae is None else "")
-        return io.NodeOutput(plan_chain(plan.compute, plan.quality, order, plan.negative_left_out), reference, text,
+        chain = plan_chain(plan.compute, plan.quality, order, plan.negative_left_out, plan.aligned)
+        return io.NodeOutput(chain, reference, text,
                              ui={"text": (text,)})
 
 

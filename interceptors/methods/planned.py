@@ -19,6 +19,7 @@ from ..base import Decider, RecordingDecider
 from ..kinds import Granularity, InterceptorError
 from ..quality import Quality
 from ..records import counted_in
+from .schedule_alignment import valid_alignment
 from .taylorseer import lagrange_weights, same_sigma
 
 
@@ -40,7 +41,9 @@ class PlannedSchedule(Decider):
     and ``sampler`` (every one-evaluation-per-step sampler evaluates at the same sigmas, but their trajectories
     differ). On any other run it computes every step and says so once (log and node). ``cfg`` is the guidance
     scale its quality was measured at: at another cfg the plan is followed and the node says that its quality
-    was measured at another one."""
+    was measured at another one. ``aligned``: the sigmas a run of ``schedule`` steps through instead (cache-aware
+    schedule alignment, schedule_alignment.py; ``sigmas`` are then its evaluations'); the adapter swaps them in
+    through :meth:`sampling_sigmas`, only for the run ``schedule`` and ``sampler`` name."""
 
     declaration = Decider.declaration.but(
         kind="planned",
@@ -55,6 +58,7 @@ class PlannedSchedule(Decider):
     quality: Quality | None = None  # what the calibration measured for this plan on the prompt it was calibrated on
     sampler: str = ""               # the run's sampler identity (LoopState.sampler); "" matches any
     cfg: float | None = None
+    aligned: tuple[float, ...] = ()
 
     @dataclasses.dataclass
     class RunState:
@@ -70,13 +74,27 @@ class PlannedSchedule(Decider):
             raise InterceptorError(f"{self.label}: the plan is empty; run the calibration first.")
         if any(not 0 <= i < self.evaluations for i in self.compute):
             raise InterceptorError(f"{self.label}: the plan names evaluations outside 0..{self.evaluations - 1}.")
+        if self.aligned:
+            why = valid_alignment(self.schedule, self.aligned)
+            if why is not None:
+                raise InterceptorError(f"{self.label}: {why}.")
+
+    def sampling_sigmas(self, sigmas: Sequence[float], sampler: str) -> tuple[float, ...] | None:
+        """The aligned sigmas for a run that asks for exactly the plan's ``schedule`` with its sampler; None for
+        any other run, which then does not fit the plan (:meth:`decide` computes every step and says so)."""
+        if (self.aligned and (not self.sampler or sampler == self.sampler) and len(sigmas) == len(self.schedule)
+                and all(same_sigma(a, b) for a, b in zip(sigmas, self.schedule))):
+            return self.aligned
+        return None
 
     def decide(self, run, ev, signals, measured) -> bool:
         state = run.state_of(self)
-        if not state.mismatch and not fits_plan(run, ev, self.sigmas, self.schedule, self.sampler):
+        if not state.mismatch and not fits_plan(run, ev, self.sigmas, self.aligned or self.schedule, self.sampler):
             state.mismatch = True
             run.note(f"{self.label}: the plan was calibrated for another schedule or sampler (steps, sampler, scheduler or "
-                     f"denoise), so every step is computed. Calibrate again with this sampler's settings.")
+                     f"denoise), so every step is computed"
+                     + (" on the run's own sigmas, not the plan's aligned ones" if self.aligned else "")
+                     + ". Calibrate again with this sampler's settings.")
         if (not state.mismatch and self.quality is not None and self.cfg is not None and run.cfg is not None
                 and abs(run.cfg - self.cfg) > 1e-6):
             run.note(f"{self.label}: the plan's quality ({self.quality.space} PSNR {self.quality.psnr:.1f} dB) was measured at cfg "
@@ -129,6 +147,19 @@ class Plan:
     runs: int | None = None    # how many plans the search measured (sampling runs per seed)
     negative_left_out: tuple[int, ...] = ()  # computed evaluations whose negative CFG branch is estimated
     steps: tuple[int, ...] = ()  # the step (of the run, from 0) each evaluation belongs to; () one per step
+    aligned: tuple[float, ...] = ()  # the sigmas the plan steps through, where alignment moved them
+    plain_psnr: float | None = None  # with alignment tried: the plan's PSNR on the run's own sigmas
+    align_runs: int = 0              # the aligned schedules measured
+
+    @property
+    def alignment_text(self) -> str:
+        if self.plain_psnr is None:
+            return ""
+        if self.aligned:
+            return (f"; the computed steps' sigmas aligned to the plan raised it from {self.plain_psnr:.2f} dB "
+                    f"({self.align_runs} schedules measured)")
+        return (f"; none of the {self.align_runs} aligned schedules measured beat the run's own sigmas, which the "
+                f"plan keeps")
 
     @property
     def psnr(self) -> float:
@@ -151,7 +182,7 @@ class Plan:
         text += f"; {self.quality.describe()}"
         if self.runs is not None:
             text += f"; chosen from {self.runs} plans measured"
-        return text
+        return text + self.alignment_text
 
 
 def _final_error(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], compute: set[int], order: int,

@@ -153,3 +153,91 @@ def test_magcache_calibrate_makes_magcache_work_on_a_model_without_published_rat
     blocks = sum(tiny_models.block_groups("qwen_image").values())
     assert CAPTURED["work"]["blocks"] < 8 * 2 * blocks, "the calibrated MagCache skipped blocks"
     assert torch.isfinite(CAPTURED["out"]).all()
+
+
+def _aligned_calibration(prompt, sampling, node_id="calibrate", **inputs):
+    prompt[node_id] = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
+        "model": ["digits", 0], **sampling, "denoise": 1.0, "target": "budget", "min_psnr": 35.0, "budget": 4,
+        "order": 1, "seeds": 1, **inputs}}
+
+
+def _sampled(prompt, sampling, node_id, chain, key, **elsewhere):
+    """A Cached Sampler ``node_id`` of the digits model, its work counted into CAPTURED[key] and its latent too."""
+    count = graphs.count_work(prompt, "flux", model="digits", key=key, node_id=f"count_{node_id}")
+    prompt[node_id] = {"class_type": "CachedSampler", "inputs": {
+        "model": [count, 0], **dict(sampling, **elsewhere), "denoise": 1.0, "interceptors": [chain, 0]}}
+    prompt[f"capture_{node_id}"] = {"class_type": "TestCaptureLatent", "inputs": {
+        "samples": [node_id, 0], "key": key + "_latent"}}
+
+
+def test_an_aligned_budget_plan_makes_the_sampler_step_through_its_sigmas_and_off_changes_nothing(comfy):
+    """Auto Calibrate with align_schedule: the model is evaluated at sigmas other than the scheduler's (the first
+    kept, decreasing), exactly the budget is computed, and the result is the one the plan's PSNR was measured on.
+    With align_schedule off the chain and plan are those of a node without the input (saved workflows)."""
+    prompt, sampling = _digits_prompt()
+    del prompt["count"]
+    _aligned_calibration(prompt, sampling, "calibrate", align_schedule=True)
+    _aligned_calibration(prompt, sampling, "calibrate_off", align_schedule=False)
+    _aligned_calibration(prompt, sampling, "calibrate_before")
+    for chain in ("calibrate", "calibrate_off", "calibrate_before"):
+        _sampled(prompt, sampling, f"sampler_{chain}", chain, chain)
+    prompt["ref"] = {"class_type": "KSampler", "inputs": {"model": ["digits", 0], **sampling, "denoise": 1.0}}
+    prompt["capture_ref"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["ref", 0], "key": "ref"}}
+    # the model-patch path: Apply Interceptors, then ComfyUI's own KSampler
+    count = graphs.count_work(prompt, "flux", model="digits", key="patched", node_id="count_patched")
+    prompt["apply"] = {"class_type": "CachedSamplerApplyInterceptors", "inputs": {
+        "model": [count, 0], "interceptors": ["calibrate", 0]}}
+    prompt["patched"] = {"class_type": "KSampler", "inputs": {"model": ["apply", 0], **sampling, "denoise": 1.0}}
+    prompt["capture_patched"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["patched", 0],
+                                                                               "key": "patched_latent"}}
+    _, ui = comfy.run(prompt)
+    text, plain_text = ui["calibrate"]["text"][0], ui["calibrate_off"]["text"][0]
+    plain = CAPTURED["calibrate_off"]["evaluation_sigmas"]
+    aligned = CAPTURED["calibrate"]["evaluation_sigmas"]
+    assert "aligned to the plan raised it from" in text, text
+    assert len(aligned) == len(plain) == 12 and aligned[0] == plain[0]
+    assert all(b < a for a, b in zip(aligned, aligned[1:])), aligned
+    assert max(abs(a - b) for a, b in zip(aligned, plain)) > 1e-3, "the sampler stepped through other sigmas"
+    assert CAPTURED["patched"]["evaluation_sigmas"] == aligned, "Apply Interceptors swaps the same sigmas in"
+    assert CAPTURED["calibrate"]["forwards"] == CAPTURED["patched"]["forwards"] == 4, "exactly the budget computed"
+    ic = comfy.module("interceptors")
+    measured = ic.latent_psnr(CAPTURED["ref"], CAPTURED["calibrate_latent"])
+    assert abs(measured - _reported(text, "latent")) < 0.01, "the result is the one the aligned plan measured"
+    assert _reported(text, "latent") > float(text.split("raised it from ")[1].split(" dB")[0])
+    assert torch.equal(CAPTURED["patched_latent"], CAPTURED["calibrate_latent"])
+    # off: what the node did before the input existed, to the bit
+    assert plain_text == ui["calibrate_before"]["text"][0] and "aligned" not in plain_text
+    assert torch.equal(CAPTURED["calibrate_off_latent"], CAPTURED["calibrate_before_latent"])
+    assert CAPTURED["calibrate_off"]["evaluation_sigmas"] == CAPTURED["calibrate_before"]["evaluation_sigmas"]
+
+
+def test_an_aligned_plan_on_another_run_keeps_that_runs_sigmas_computes_every_step_and_says_so(comfy):
+    prompt, sampling = _digits_prompt()
+    del prompt["count"]
+    _aligned_calibration(prompt, sampling, "calibrate", align_schedule=True)
+    _sampled(prompt, sampling, "same", "calibrate", "same")
+    _sampled(prompt, sampling, "steps", "calibrate", "steps", steps=9)
+    _sampled(prompt, sampling, "sampler", "calibrate", "sampler", sampler_name="euler_ancestral")
+    _, ui = comfy.run(prompt)
+    assert "aligned to the plan" in ui["calibrate"]["text"][0]
+    assert CAPTURED["same"]["forwards"] == 4
+    for node, steps in (("steps", 9), ("sampler", 12)):
+        assert CAPTURED[node]["forwards"] == steps, (node, CAPTURED[node]["forwards"])
+        notes = ui[node]["cached_sampler"][0]["runs"][0]["notes"]
+        assert any("not the plan's aligned ones" in n for n in notes), notes
+    # the scheduler's own sigmas: the 12-step run with euler_ancestral at those of a plain 12-step run
+    prompt, sampling = _digits_prompt()
+    prompt["ref"] = {"class_type": "KSampler", "inputs": {"model": ["count", 0], **sampling, "denoise": 1.0}}
+    prompt["capture_ref"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["ref", 0], "key": "ref"}}
+    comfy.run(prompt)
+    assert CAPTURED["sampler"]["evaluation_sigmas"] == CAPTURED["work"]["evaluation_sigmas"]
+    assert CAPTURED["same"]["evaluation_sigmas"] != CAPTURED["work"]["evaluation_sigmas"]
+
+
+def test_alignment_is_refused_with_a_reason_where_it_does_not_apply(comfy):
+    prompt, sampling = _digits_prompt(steps=8)
+    sampling["sampler_name"] = "heun"
+    _aligned_calibration(prompt, sampling, "calibrate", align_schedule=True, budget=6)
+    prompt["capture_ref"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": ["calibrate", 1], "key": "ref"}}
+    _, ui = comfy.run(prompt)
+    assert "not aligned: this sampler evaluates the model other than once per step" in ui["calibrate"]["text"][0]

@@ -28,7 +28,8 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
     CFG branch) and ``negative_entries`` (the conditioning entries, by uuid, those rows ran), ``forward_log``
     (per forward: the sampler evaluation it belongs to, counted from 1, the context window's frames or None,
     and the blocks it ran), ``block_forwards`` (forwards whose first block ran),
-    sampler ``evaluations``, sampling ``runs`` and their wall/CPU ``seconds``, and the time spent inside
+    sampler ``evaluations`` and the sigma of each (``evaluation_sigmas``: where the sampler evaluated the model),
+    sampling ``runs`` and their wall/CPU ``seconds``, and the time spent inside
     blocks. ``groups`` is ``{patches_replace["dit"] name: block count}``. With ``copy_input`` the diffusion
     model gets a copy of its input, as a cast to a reduced-precision model dtype makes anyway (for methods
     that write into it in place)."""
@@ -37,7 +38,7 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
     from comfy.patcher_extension import WrappersMP
 
     record.clear()
-    record.update(blocks=0, block_rows=0, forwards=0, rows=0, negative_rows=[], negative_entries=[], forward_log=[], block_forwards=0, evaluations=0, runs=0, seconds=0.0, cpu_seconds=0.0,
+    record.update(blocks=0, block_rows=0, forwards=0, rows=0, negative_rows=[], negative_entries=[], forward_log=[], block_forwards=0, evaluations=0, evaluation_sigmas=[], runs=0, seconds=0.0, cpu_seconds=0.0,
                   block_seconds=0.0, block_cpu_seconds=0.0)
     m = model.clone()
     first = next(iter(groups), None)
@@ -107,6 +108,8 @@ def count_work(model, record: dict, groups: dict[str, int], copy_input: bool = F
 
     def count_evaluation(executor, *args, **kwargs):
         record["evaluations"] += 1
+        timestep = args[1] if len(args) > 1 else kwargs["timestep"]  # predict_noise(x, timestep, ...): the sigma
+        record["evaluation_sigmas"].append(float(timestep.flatten()[0]))
         return executor(*args, **kwargs)
 
     def count_forward(executor, x, *args, **kwargs):
