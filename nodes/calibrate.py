@@ -15,8 +15,8 @@ from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, M
 from ..interceptors.methods.guidance import PLANNED
 from ..interceptors.kinds import LEVEL_MODEL, NEGATIVE
 from ..interceptors.methods.planned import Plan
-from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
 from ..interceptors.methods.schedule_alignment import align, alignment_runs
+from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
 from ..interceptors.methods.schedule_search import search as search_plan
 from ..interceptors.methods.taylorseer import same_sigma
 from ..interceptors.spec import level_input
