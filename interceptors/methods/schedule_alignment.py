@@ -3,9 +3,9 @@
 BudCache (Lei et al., ICML 2026, arXiv 2606.13496) fixes the number of computed evaluations, searches which ones
 offline, and then, for tight budgets, adapts the time discretization to the chosen plan: skipping steps makes the
 cached trajectory drift from the full one, and different timesteps for the computed steps can steer it back. They
-learn the timesteps by a data-free distillation (the full run from the same noise as teacher, gradients through
-the model). Here the same idea is a derivative-free search, which needs nothing of the model but sampling runs and
-cannot diverge: a coordinate search over the computed steps' sigmas, each moved towards one of its neighbouring
+refine the timesteps by a lightweight, data-free distillation (the full run from the same noise as teacher, the
+cached run with adjustable timesteps as student). Here the same idea is a derivative-free search, which needs
+nothing of the model but sampling runs: a coordinate search over the computed steps' sigmas, each moved towards one of its neighbouring
 computed steps by a fraction of the gap, the skipped steps between re-spaced with it (each keeps its place between
 the computed steps around it, as in the run's own schedule). Every candidate is judged by a real cached run's final
 PSNR against the uncached run (the caller's ``measure``, over its seeds, the worst seed), a move is kept only when
