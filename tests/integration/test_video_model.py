@@ -1,5 +1,5 @@
 """The committed tiny Wan 2.1 video model: loaded through ComfyUI's own Wan classes, it samples
-deterministically, its videos move and follow the prompted class (and classifier-free guidance matters), its
+deterministically, its videos move in the prompted class's direction and show its shape and colour (and classifier-free guidance matters), its
 fixed decoder is lossy, and caching switched off on it through the Cached Sampler is bit-identical with the
 model doing all its work, counted at the block hooks."""
 import math
@@ -77,9 +77,10 @@ def test_decoder_is_fixed_lossy_and_consistent(video_model):
 def test_position_code_reaches_the_network_as_extra_input_channels(video_model, model):
     """A model trained with a position code (``train_video_model --position-code``) takes it as 16 more input
     channels, passed by the conditioning to both branches through Wan's ``concat_latent_image``; the shipped model
-    has none, and its conditioning carries nothing more than the class."""
-    plain = video_model.load_tables()
-    assert "position_code" not in plain
+    has none, and a model without extra inputs gets nothing more than the class."""
+    shipped = video_model.load_tables()
+    assert "position_code" not in shipped
+    plain = {k: shipped[k] for k in ("class_context", "latent_mean", "latent_std")}
     positive, negative = video_model.class_conditioning([0, 5], plain)
     assert positive[0][1] == {} and negative[0][1] == {}
     assert torch.count_nonzero(video_model.position_code("none")) == 0
@@ -102,10 +103,25 @@ def test_position_code_reaches_the_network_as_extra_input_channels(video_model, 
     assert torch.allclose(seen[0][:, 16:], space.expand(4, -1, -1, -1, -1), atol=1e-5)
 
 
+def test_shipped_model_takes_its_class_path(video_model, model):
+    """The shipped model was trained with ``--class-path`` (its samples follow their direction, ``bench/
+    video_motion.md``): its file holds the eight paths, its network takes 16 more input channels, and the
+    conditioning hands the prompted branch its class's path and the unconditional one zeros."""
+    tables = video_model.load_tables()
+    assert tables["class_path"].shape == (8, 16, video_model.FRAMES, video_model.LATENT_SIZE, video_model.LATENT_SIZE)
+    assert model.model.diffusion_model.patch_embedding.in_channels == 32
+    positive, negative = video_model.class_conditioning([1, 6], tables)
+    fmt = video_model.latent_format()
+    prompted, unconditional = (fmt.process_in(c[0][1]["concat_latent_image"]) for c in (positive, negative))
+    assert torch.allclose(prompted, tables["class_path"][[1, 6]], atol=1e-4)
+    assert torch.count_nonzero(unconditional.abs() > 1e-4) == 0
+
+
 def test_class_paths_travel_in_their_class_direction_and_leave_the_negative_branch(video_model):
     """``train_video_model --class-path``: each class's mean latent, a band that moves as the class does, is an input
     of the prompted branch only; the unconditional branch gets zeros there (and the position code, if any)."""
-    plain = video_model.load_tables()
+    shipped = video_model.load_tables()
+    plain = {k: shipped[k] for k in ("class_context", "latent_mean", "latent_std")}
     labels = torch.arange(512) % video_model.NUM_CLASSES
     videos = video_model.make_videos(labels, torch.Generator().manual_seed(4))
     paths = video_model.class_paths(videos, labels, plain)
@@ -137,12 +153,14 @@ def test_samples_are_deterministic_finite_move_and_follow_the_class(video_model,
     assert torch.equal(first, again)
     videos = video_model.decode_videos(first)
     assert video_model.hue_classes(videos).tolist() == labels  # each class has its own colour
-    _, shape = video_model.classify_videos(videos)
+    direction, shape = video_model.classify_videos(videos)
     assert float((shape == torch.tensor(labels) // 4).float().mean()) >= 0.75  # squares 0-3, discs 4-7
+    assert direction.tolist() == [label % 4 for label in labels], direction  # right, left, down, up
     assert video_model.learned_accuracy(videos, labels) >= 0.75  # what the bench's accuracy column reads
     frames = videos.flatten(2)
     assert float((frames[:, 1:] - frames[:, :-1]).abs().mean()) > 0.005  # consecutive frames differ
-    assert float(video_model.motion(videos).mean()) > 2.0  # the shape's centre of mass moves
+    travel = video_model.motion(videos)
+    assert float(travel.min()) > 10.0, travel  # the shapes travel, most of the training clips' 16.8 px
 
 
 def test_classes_and_guidance_change_the_videos(video_model, model):

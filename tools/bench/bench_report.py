@@ -51,8 +51,8 @@ def _accuracy_text(results: dict) -> str:
                 "texture statistics are nearest to the prompted class's training crops (uncached: ")
     if results["meta"].get("model", "digits") == "video":
         return ("the decoded frames against the uncached run (every frame of every video); k-NN column = share of "
-                "videos whose colour and shape, recovered from the decoded frames, are the prompted class's (the "
-                "direction of motion, which the model did not learn, is left out; uncached: ")
+                "videos whose colour, shape and direction of motion, recovered from the decoded frames, are the "
+                "prompted class's (uncached: ")
     return ("the decoded images against the uncached run; k-NN = share of digits a k-NN on sklearn's digits "
             "recognises as the prompted class (uncached: ")
 

@@ -201,8 +201,8 @@ class Bench:
 
     def accuracy(self, latent: torch.Tensor) -> float:
         """Share of the batch recognised as its prompted class: a k-NN on sklearn's digits for the digits
-        model; for the video model, the colour and the shape recovered from the decoded frames (what it learned of
-        its class; the direction of motion it did not learn); for the photos model, the share whose colour and texture
+        model; for the video model, the colour, the shape and the direction of motion recovered from the decoded
+        frames; for the photos model, the share whose colour and texture
         statistics are nearest to their class's training crops."""
         if self.photos_model is not None:
             labels = [int(c) for c in self.config.classes]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the tiny class-conditional Wan 2.1 video model on moving shapes (CPU, under 10 minutes).
+"""Train the tiny class-conditional Wan 2.1 video model on moving shapes (CPU, 8-20 minutes).
 
 Recipe
 ------
@@ -14,12 +14,13 @@ Recipe
   guidance, Ho & Salimans 2022).
 * AdamW, lr 2e-3 with linear warm-up and cosine decay, batch 16, EMA 0.99, a fixed number of steps,
   one CPU thread, fixed seeds: the same torch build retrains the same weights.
-* Motion (off by default, the shipped model has none; ``bench/video_motion.md``): trained as above, the samples
-  from pure noise move in a random direction, because the clip's layout is settled in the first steps, where the
-  network's prediction is the same for every class. ``--class-path`` gives it the prompted class's mean latent
-  (a band travelling in the class's direction) as 16 more input channels, zero in the unconditional branch;
-  ``--position-code`` a fixed time/space ramp (Wan's 3-D RoPE is relative), which alone does not make them
-  follow it. Both reach the network at sampling time through Wan's ``concat_latent_image``
+* Motion (``bench/video_motion.md``): trained as above alone, the samples from pure noise move in a random
+  direction, because the clip's layout is settled in the first steps, where the network's prediction is the same
+  for every class. So the network also takes the prompted class's mean latent (a band travelling in the class's
+  direction) as 16 more input channels, zero in the unconditional branch, as an image-to-video model takes its
+  first frame (``--class-path``, on by default; ``--no-class-path`` trains without it, as the earlier model was).
+  ``--position-code`` adds a fixed time/space ramp (Wan's 3-D RoPE is relative), which alone does not make the
+  samples follow their direction. Both reach the network at sampling time through Wan's ``concat_latent_image``
   (``video.extra_inputs``).
 
 ComfyUI's Wan code is written for inference: its RoPE goes through the ``comfy_kitchen`` op, which has no
@@ -214,7 +215,7 @@ def evaluate(vm, path, png_path, samples_per_class=8):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=1200, help="training steps")
+    p.add_argument("--steps", type=int, default=2400, help="training steps")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=40)
@@ -224,8 +225,8 @@ def parse_args(argv=None):
     p.add_argument("--position-code", default="none", choices=("none", "time", "time+space"),
                    help="a fixed pattern the network takes as 16 more input channels, telling each token its frame "
                         "(and place), which Wan's relative RoPE does not (video.position_code)")
-    p.add_argument("--class-path", action="store_true",
-                   help="the network also takes the prompted class's mean latent (where its shape is on average in "
+    p.add_argument("--class-path", action=argparse.BooleanOptionalAction, default=True,
+                   help="(on by default) the network also takes the prompted class's mean latent (where its shape is on average in "
                         "each frame) as 16 more input channels, zero when the label is dropped (video.class_paths)")
     p.add_argument("--t-shift", type=float, default=3.0,
                    help="the shift of the third of the noise levels drawn shifted (3: the sampler's); higher trains "
