@@ -126,7 +126,7 @@ def last_step_input() -> Input:
         "compute: the last step is always computed, whatever the method decides. forecast: the method decides the "
         "last step as any other, so it may be skipped and forecast from the steps computed before it (a step with "
         "nothing cached yet is still computed). On Spectrum's schedule, forecasting the last step instead of "
-        "computing it read 2.5 dB higher on the bundled digits model and 5 dB on the video model; which schedule "
+        "computing it read 2.5 dB higher on the bundled digits model and 10 dB on the video model; which schedule "
         "is best depends on the model (bench/schedules.md)."))
 
 
