@@ -15,10 +15,9 @@ from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, M
 from ..interceptors.methods.guidance import PLANNED
 from ..interceptors.kinds import LEVEL_MODEL, NEGATIVE
 from ..interceptors.methods.planned import Plan
-from ..interceptors.methods.schedule_alignment import align, alignment_runs
+from ..interceptors.methods.schedule_alignment import align, alignment_runs, why_not_aligned
 from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
 from ..interceptors.methods.schedule_search import search as search_plan
-from ..interceptors.methods.taylorseer import same_sigma
 from ..interceptors.spec import level_input
 from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
 from .configs import comfy_input
@@ -92,16 +91,6 @@ ALIGN_TOOLTIP = (
     "-0.25 to +0.5 dB at the other budgets of 6, 8 and 10 (bench/budcache.md). The chain then makes the sampler "
     "step through those sigmas, only at the steps, sampler, scheduler and denoise calibrated; any other run "
     "computes every step and says so. For samplers with one model evaluation per step.")
-
-
-def why_not_aligned(target: str, sigmas, schedule) -> str | None:
-    """Why a plan's sigmas cannot be aligned (None when they can): only a 'budget' plan (a 'quality' plan's
-    budget is what the search lowers), of a sampler that evaluates the model once per step at its sigmas."""
-    if target != "budget":
-        return "alignment is for the 'budget' target"
-    if len(sigmas) != len(schedule) - 1 or not all(same_sigma(a, b) for a, b in zip(sigmas, schedule)):
-        return "this sampler evaluates the model other than once per step at the schedule's sigmas"
-    return None
 
 
 def computed_negative(run) -> bool:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from .taylorseer import same_sigma
+
 # the fractions of the gap to a neighbouring computed step a computed step's sigma is moved by, one per round:
 # coarse, then fine
 ALIGN_FRACTIONS = (0.3, 0.1)
@@ -95,4 +97,14 @@ def valid_alignment(schedule: Sequence[float], aligned: Sequence[float]) -> str 
         return "the aligned schedule must start and end where the run's does"
     if any(b >= a for a, b in zip(aligned, aligned[1:])):
         return "the aligned schedule's sigmas must decrease strictly"
+    return None
+
+
+def why_not_aligned(target: str, sigmas, schedule) -> str | None:
+    """Why a plan's sigmas cannot be aligned (None when they can): only a 'budget' plan (a 'quality' plan's
+    budget is what the search lowers), of a sampler that evaluates the model once per step at its sigmas."""
+    if target != "budget":
+        return "alignment is for the 'budget' target"
+    if len(sigmas) != len(schedule) - 1 or not all(same_sigma(a, b) for a, b in zip(sigmas, schedule)):
+        return "this sampler evaluates the model other than once per step at the schedule's sigmas"
     return None
