@@ -224,6 +224,21 @@ def test_vs_fewer_steps_without_comfyui():
     assert fmt_vs_fewer(worse["vs_fewer_steps"]["A"]["30"]) == "below fewer steps"
 
 
+def test_progress_lines_reach_a_redirected_file_as_they_are_written(monkeypatch):
+    """The bench's output usually goes to a file, which Python buffers in blocks: each progress line is flushed,
+    so a user following the file sees every setting measured, not minutes of nothing."""
+    import inspect
+    import io
+
+    from cached_sampler_dev.bench import bench_run
+    raw = io.BytesIO()
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(raw, encoding="utf-8", line_buffering=False))
+    bench_run.progress("[28 steps] uncached: 1.00s")
+    assert raw.getvalue() == b"[28 steps] uncached: 1.00s\n"
+    assert inspect.signature(bench_run.run_bench).parameters["log"].default is bench_run.progress
+    assert inspect.signature(bench_run.Bench).parameters["log"].default is bench_run.progress
+
+
 def test_overhead_width_sets_the_heavy_models_hidden_size_and_heads():
     """``--overhead-hidden`` widens the heavy model with 64-wide heads and leaves its depth alone; a width the
     heads cannot divide is refused before anything runs."""

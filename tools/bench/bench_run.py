@@ -32,6 +32,12 @@ OVERHEAD_TAYLORSEER_ON = ("fixed_cadence", "fbcache")  # TaylorSeer's own overhe
 FEWER_STEPS_FROM = 3  # the fewer-steps baseline runs the uncached sampler at this many steps up to the full count - 1
 
 
+def progress(line: str) -> None:
+    """Print one progress line now: a bench runs for an hour and its output is mostly redirected to a file, where
+    Python buffers it in blocks, so without the flush a user following the file sees nothing for minutes."""
+    print(line, flush=True)
+
+
 class BenchError(RuntimeError):
     pass
 
@@ -141,7 +147,7 @@ class RunResult:
 
 
 class Bench:
-    def __init__(self, comfy, config: Config, log: Callable[[str], None] = print):
+    def __init__(self, comfy, config: Config, log: Callable[[str], None] = progress):
         import nodes
         self.comfy = comfy
         self.config = config
@@ -569,7 +575,7 @@ def measure_steps(bench: Bench, wl: Workload, methods: list[Method], steps: int,
             "rows": rows, "fewer_steps": fewer, "fewer_steps_samplers": samplers}
 
 
-def run_bench(config: Config, comfy=None, log: Callable[[str], None] = print) -> dict:
+def run_bench(config: Config, comfy=None, log: Callable[[str], None] = progress) -> dict:
     started = time.perf_counter()
     if comfy is None:
         comfy = start_comfy(config.other_packs, config.device)
