@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                 rows.append((f"{label}: nothing meets it at the calibration seed", 1.0, []))
                 continue
             rows.append((f"{label}: {chosen}", work[chosen], [psnr[(chosen, s)] for s in held_out]))
-        # the yardstick for a plan: the one hand-tuned setting that holds on every held-out seed, chosen
+        # the project's yardstick for a plan: the one hand-tuned setting that holds on every held-out seed, chosen
         # with hindsight (no user can); a plan that saves as much without hindsight is as good as tuning gets
         holding = [n for n in hand if all(psnr[(n, s)] >= target for s in held_out)]
         if holding:
