@@ -163,7 +163,7 @@ class AutoCalibrate(CalibrationNode):
                     "on fewer unseen seeds; 'always computed' keeps both branches.")),
                 io.Combo.Input("margin", options=MARGINS, default=MARGINS[0], optional=True, tooltip=(
                     "For 'quality' with 'seeds' above 1: 'auto' plans for min_psnr plus a margin that grows with "
-                    "how much the plan's PSNR differs from seed to seed (1.5 times its standard deviation over the "
+                    "how much the plan's PSNR differs from seed to seed (three times its standard deviation over the "
                     "seeds checked, at most 6 dB), so that the target also holds on seeds not checked; 'none' plans for min_psnr itself "
                     "(cheaper plans that miss it on more unseen seeds).")),
                 comfy_input(level_input()),  # the plan's level: its candidates are measured there
