@@ -163,9 +163,9 @@ class AutoCalibrate(CalibrationNode):
                     "on fewer unseen seeds; 'always computed' keeps both branches.")),
                 io.Combo.Input("margin", options=MARGINS, default=MARGINS[0], optional=True, tooltip=(
                     "For 'quality' with 'seeds' above 1: 'auto' plans for min_psnr plus a margin that grows with "
-                    "how much the plan's PSNR differs from seed to seed (three times its standard deviation over the "
-                    "seeds checked, at most 6 dB), so that the target also holds on seeds not checked; 'none' plans for min_psnr itself "
-                    "(cheaper plans that miss it on more unseen seeds).")),
+                    "how much the plan's PSNR differs from seed to seed (1.5 times its standard deviation over the "
+                    "seeds checked, at least 1 dB and at most 6 dB), so that the target also holds on seeds not "
+                    "checked; 'none' plans for min_psnr itself (cheaper plans that miss it on more unseen seeds).")),
                 comfy_input(level_input()),  # the plan's level: its candidates are measured there
                 io.Boolean.Input("align_schedule", default=False, optional=True, tooltip=ALIGN_TOOLTIP),
             ],
@@ -256,7 +256,7 @@ class AutoCalibrate(CalibrationNode):
         text = plan.describe()
         if asked is not None and asked > min_psnr:
             text += (f"; planned for {asked:.2f} dB: the target {min_psnr} dB plus a margin of {asked - min_psnr:.2f} "
-                     f"dB, the spread of the PSNR over the {seeds} seeds")
+                     f"dB for seeds not checked (1.5 times the spread of the PSNR over the {seeds} seeds, at least 1 dB)")
         if target == "quality" and len(plan.compute) == len(sigmas):
             text += f" (the target {min_psnr if asked == min_psnr else f'{asked:.2f}'} dB needs every step computed)"
         if unaligned is not None:

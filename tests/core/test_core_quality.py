@@ -42,12 +42,14 @@ def test_worst_quality_keeps_each_seeds_psnr_and_the_text_lists_them_with_the_me
     assert ic.worst_quality([ic.Quality(30.0)]).per_seed == (), "one seed has no spread to list"
 
 
-def test_the_seed_margin_is_zero_without_spread_grows_with_it_and_is_bounded():
-    assert ic.seed_margin([36.0]) == 0.0, "one seed says nothing of the spread"
-    assert ic.seed_margin([36.0, 36.0, 36.0]) == 0.0
+def test_the_seed_margin_is_zero_for_one_seed_grows_with_the_spread_and_is_bounded_both_ways():
+    assert ic.seed_margin([36.0]) == 0.0, "one seed: nothing compared"
     assert ic.seed_margin([36.0, math.inf, math.inf]) == 0.0, "exact results say nothing of the spread"
+    floor = ic.quality.MIN_MARGIN
+    assert floor > 0 and ic.seed_margin([36.0, 36.0, 36.0]) == floor, "seeds that agree still get the floor"
+    assert ic.seed_margin([36.0, 36.1, 36.2]) == floor
     narrow, wide = ic.seed_margin([35.0, 36.0, 37.0]), ic.seed_margin([34.5, 36.0, 37.5])
-    assert 0.0 < narrow < wide
+    assert floor < narrow < wide
     assert math.isclose(narrow, ic.quality.SPREAD_FACTOR * 1.0) and math.isclose(wide, ic.quality.SPREAD_FACTOR * 1.5)
     assert ic.seed_margin([10.0, 40.0, 70.0]) == ic.quality.MAX_MARGIN
     assert ic.seed_margin([35.0, 37.0], cap=0.5) == 0.5
