@@ -48,11 +48,6 @@ def pick(pool: dict, bound: float):
     return min(ok, key=lambda key: (len(key[0]), -min(pool[key]))) if ok else None
 
 
-def spread_margin(per_seed, factor: float) -> float:
-    finite = [p for p in per_seed if math.isfinite(p)]
-    return factor * statistics.stdev(finite) if len(finite) > 1 else 0.0
-
-
 def leave_one_out_margin(pool: dict, target: float) -> float:
     """The largest shortfall below ``target``, on the seed left out, of the plan picked on the other seeds."""
     seeds = len(next(iter(pool.values())))
@@ -179,7 +174,8 @@ def main(argv=None) -> int:
         print(f"[{target:g} dB, {len(pool)} plans measured] {ui['calibrate']['text'][0]}", file=sys.stderr, flush=True)
         at_target, searched = first["plan"], first["pool"]
         rules = {"none": 0.0}
-        rules.update({f"{k:g} x spread": spread_margin(pool[at_target], k) for k in SPREAD_FACTORS})
+        rules.update({f"{k:g} x spread": ic.seed_margin(pool[at_target], k, floor=0.0, cap=math.inf)
+                      for k in SPREAD_FACTORS})
         rules["leave-one-out"] = leave_one_out_margin(searched, target)
         rules["the node's: 1.5 x spread, at least 1 dB"] = ic.seed_margin(pool[at_target])
         rules.update({f"pooled {k:g} x spread": pooled_margin(searched, at_target, k) for k in (2.0, 3.0)})
