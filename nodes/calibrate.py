@@ -18,6 +18,7 @@ from ..interceptors.methods.planned import Plan
 from ..interceptors.methods.schedule_alignment import align, alignment_runs, why_not_aligned
 from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
 from ..interceptors.methods.schedule_search import search as search_plan
+from ..interceptors.quality import MIN_MARGIN, SPREAD_FACTOR
 from ..interceptors.spec import level_input
 from .common import CONFIG_CATEGORY, PREFIX, chain_output, node_label
 from .configs import comfy_input
@@ -256,7 +257,8 @@ class AutoCalibrate(CalibrationNode):
         text = plan.describe()
         if asked is not None and asked > min_psnr:
             text += (f"; planned for {asked:.2f} dB: the target {min_psnr} dB plus a margin of {asked - min_psnr:.2f} "
-                     f"dB for seeds not checked (1.5 times the spread of the PSNR over the {seeds} seeds, at least 1 dB)")
+                     f"dB for seeds not checked ({SPREAD_FACTOR:g} times the spread of the PSNR over the {seeds} seeds, "
+                     f"at least {MIN_MARGIN:g} dB)")
         if target == "quality" and len(plan.compute) == len(sigmas):
             text += f" (the target {min_psnr if asked == min_psnr else f'{asked:.2f}'} dB needs every step computed)"
         if unaligned is not None:
