@@ -101,12 +101,15 @@ def capture(prompt: dict, node: str, key: str, output: int = 0) -> None:
     prompt[f"capture_{key}"] = {"class_type": "TestCaptureLatent", "inputs": {"samples": [node, output], "key": key}}
 
 
-def run_plan(app, executor, args, target: float, vae: bool, seeds: int, eval_seeds: list[int]) -> dict:
-    """Calibrate once (timed, decodes counted), then sample the plan at every evaluation seed."""
+def run_plan(app, executor, args, target: float, vae: bool, seeds: int, eval_seeds: list[int],
+             leave_negative_out: bool = False) -> dict:
+    """Calibrate once (timed, decodes counted), then sample the plan at every evaluation seed. ``work_saved`` is
+    the sampled run's own count, which a negative branch left out (half a step's work) moves too."""
     from ..support.tiny_nodes import CAPTURED
     calibration = {"class_type": "CachedSamplerAutoCalibrate", "inputs": {
         **sampling(args, args.seed), "target": "quality", "min_psnr": target, "budget": 8, "order": 1,
-        "seeds": seeds, **({"vae": ["vae", 0]} if vae else {})}}
+        "seeds": seeds, **({"vae": ["vae", 0]} if vae else {}),
+        **({"negative_branch": "left out where the target holds"} if leave_negative_out else {})}}
     prompt = base_prompt(getattr(args, "model", "digits")) | {"calibrate": calibration}
     capture(prompt, "calibrate", "calibration_uncached", output=1)
     DECODES.update(count=0, seconds=0.0)
@@ -118,11 +121,12 @@ def run_plan(app, executor, args, target: float, vae: bool, seeds: int, eval_see
         prompt[f"sampler{seed}"] = {"class_type": "CachedSampler", "inputs": {
             **sampling(args, seed), "interceptors": ["calibrate", 0]}}
         capture(prompt, f"sampler{seed}", f"cached{seed}")
-    app.run(prompt, executor)
+    _, sampled = app.run(prompt, executor)
     text = ui["calibrate"]["text"][0]
     computed, evaluations = (int(v) for v in text.split("compute ")[1].split(" ")[0].split("/"))
+    work_saved = sampled[f"sampler{eval_seeds[0]}"]["cached_sampler"][0]["runs"][0]["work_saved"]
     return {"target": target, "space": "image" if vae else "latent", "seeds": seeds, "text": text,
-            "work_saved": 1 - computed / evaluations, "computed": computed, "evaluations": evaluations,
+            "work_saved": work_saved, "computed": computed, "evaluations": evaluations,
             "seconds": seconds, "decodes": decodes["count"], "decode_seconds": decodes["seconds"],
             "cached": {seed: CAPTURED[f"cached{seed}"] for seed in eval_seeds}}
 

@@ -26,6 +26,8 @@ held-out seed, the best a user could have picked knowing those seeds. Prints a m
     python3 -m cached_sampler_dev.studies.held_out_seeds --targets 45 --margin 2.5 --confirm-seeds 1  # the 47.5 dB plan at 45 dB
     python3 -m cached_sampler_dev.studies.held_out_seeds --model video       # the video model (about 80 min on 2 cores)
     python3 -m cached_sampler_dev.studies.held_out_seeds --model video --auto-only --confirm-seeds 3  # Auto Calibrate's rows only
+    python3 -m cached_sampler_dev.studies.held_out_seeds --model video --targets 35 --auto-only --confirm-seeds 3 \
+        --negative-branch  # its plan with the negative branch left out where the target holds
     python3 -m cached_sampler_dev.studies.held_out_seeds --model photos --targets 35 40 --confirm-seeds 3
     python3 -m cached_sampler_dev.studies.held_out_seeds --model video --targets 35 40 --confirm-seeds  # no Auto Calibrate
 """
@@ -113,6 +115,8 @@ def main(argv=None) -> int:
                         "(none given: no Auto Calibrate rows, the hand-tuned settings only)")
     parser.add_argument("--margin", type=float, default=0.0, help="Auto Calibrate plans for the target plus this "
                         "many dB (negative: below it); everything is still judged against the target")
+    parser.add_argument("--negative-branch", action="store_true", help="Auto Calibrate's 'negative_branch': left "
+                        "out where the target holds (the Guidance Cache's saving inside the plan)")
     parser.add_argument("--auto-only", action="store_true", help="Auto Calibrate's rows only (no hand-tuned "
                         "settings, fewer steps or oracle): to measure its plans again after a change to its search")
     args = parser.parse_args(argv)
@@ -157,10 +161,11 @@ def main(argv=None) -> int:
         asked = target + args.margin  # what Auto Calibrate plans for
         rows = []
         for confirm in args.confirm_seeds:
-            plan = run_plan(app, executor, args, asked, True, confirm, seeds)
+            plan = run_plan(app, executor, args, asked, True, confirm, seeds, args.negative_branch)
             values = [ic.image_quality(reference[s], decode(plan["cached"][s])).psnr for s in held_out]
+            left_out = plan["text"].count("only the positive") and ", negative branches left out where the target holds"
             rows.append((f"Auto Calibrate{f' for {asked:g} dB' if args.margin else ''}, seeds {confirm}: "
-                         f"{plan['computed']}/{plan['evaluations']} computed", plan["computed"] / plan["evaluations"],
+                         f"{plan['computed']}/{plan['evaluations']} computed{left_out or ''}", 1 - plan["work_saved"],
                          values))
             print(f"[{asked:g} dB, seeds {confirm}] {plan['text']}", file=sys.stderr, flush=True)
         for label, pool in () if args.auto_only else (("hand-tuned", hand), ("fewer steps", fewer)):
