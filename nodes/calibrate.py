@@ -159,9 +159,10 @@ class AutoCalibrate(CalibrationNode):
                                tooltip=(
                     "For 'quality' with the 'steps and forecast' search: 'left out where the target holds' also "
                     "tries computing only the positive CFG branch on each computed step (the negative estimated "
-                    "from it, half a step's work), last step first, and keeps each omission the target survives "
-                    "(one run per computed step). It spends the plan's margin above min_psnr, so the plan holds "
-                    "on fewer unseen seeds; 'always computed' keeps both branches.")),
+                    "from it, half a step's work), last step first, and keeps each omission the plan's bound "
+                    "survives (min_psnr, plus the margin with 'margin' auto; one run per computed step). It spends "
+                    "what the plan measured above that bound, so the plan may hold on fewer unseen seeds; 'always "
+                    "computed' keeps both branches.")),
                 io.Combo.Input("margin", options=MARGINS, default=MARGINS[0], optional=True, tooltip=(
                     "For 'quality' with 'seeds' above 1: 'auto' plans for min_psnr plus a margin that grows with "
                     "how much the plan's PSNR differs from seed to seed (1.5 times its standard deviation over the "
