@@ -164,9 +164,10 @@ def main(argv=None) -> int:
         for confirm in args.confirm_seeds:
             plan = run_plan(app, executor, args, asked, True, confirm, seeds, args.negative_branch)
             values = [ic.image_quality(reference[s], decode(plan["cached"][s])).psnr for s in held_out]
-            left_out = plan["text"].count("only the positive") and ", negative branches left out where the target holds"
+            left_out = (", negative branches left out where the target holds" if "only the positive" in plan["text"]
+                        else "")
             rows.append((f"Auto Calibrate{f' for {asked:g} dB' if args.margin else ''}, seeds {confirm}: "
-                         f"{plan['computed']}/{plan['evaluations']} computed{left_out or ''}", 1 - plan["work_saved"],
+                         f"{plan['computed']}/{plan['evaluations']} computed{left_out}", 1 - plan["work_saved"],
                          values))
             print(f"[{asked:g} dB, seeds {confirm}] {plan['text']}", file=sys.stderr, flush=True)
         for label, pool in () if args.auto_only else (("hand-tuned", hand), ("fewer steps", fewer)):
