@@ -141,3 +141,46 @@ def test_one_seed_gives_the_single_seed_figures(runs):
         end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
         return lines[start:end]
     assert targets_table(text1) == targets_table(text2)
+
+
+@pytest.mark.slow
+def test_runs_at_other_seeds_merge_into_the_run_at_all_of_them(runs, comfy, tmp_path):
+    """Seed 0 and seed 1 measured apart (on two cores, say) and joined with --merge read as seeds 0 and 1
+    measured in one run: the same rows at each seed, the same median and worst."""
+    one, out1, two, _ = runs
+    out_seed1 = tmp_path / "seed1"
+    bench.run_bench(_config(out_seed1, "--seed", "1"), comfy=comfy)
+    merged_out = tmp_path / "merged"
+    # given in either order: the run at the lower seed is the first
+    assert bench.main(["--merge", str(out_seed1 / "results.json"), str(out1 / "results.json"),
+                       "--out", str(merged_out), "--no-plot"]) == 0
+    merged = bench.load_results(merged_out / "results.json")
+    assert merged["meta"]["seeds"] == [0, 1] and merged["meta"]["seed"] == 0
+    w, together = merged["digits"][str(STEPS)], two["digits"][str(STEPS)]
+    assert [m["seed"] for m in w["per_seed"]] == [0, 1]
+    for apart, joint in zip(w["per_seed"], together["per_seed"]):
+        assert [r["psnr"] for r in apart["rows"]] == pytest.approx([r["psnr"] for r in joint["rows"]])
+        assert [r["work"] for r in apart["rows"]] == pytest.approx([r["work"] for r in joint["rows"]])
+    assert [r["psnr"] for r in w["rows"]] == [r["psnr"] for r in one["digits"][str(STEPS)]["rows"]]
+    for method, by_target in together["over_seeds"]["targets"].items():
+        for t, v in by_target.items():
+            got = w["over_seeds"]["targets"][method][t]
+            assert got["values"] == pytest.approx(v["values"]), (method, t)
+            assert (got["median"], got["worst"]) == pytest.approx((v["median"], v["worst"]))
+    assert "### Over seeds 0, 1, 5 steps" in (merged_out / "results.md").read_text()
+
+
+def test_merge_refuses_runs_that_measured_different_things(tmp_path):
+    def run(seed, **meta):
+        return {"meta": {"model": "digits", "steps": [STEPS], "cfg": 3.0, "sampler": "euler", "scheduler": "simple",
+                         "seed": seed, "seeds": [seed], "curves": ["A"], "command": "bench", "seconds": 1.0, **meta},
+                "digits": {str(STEPS): {"rows": [_row(40.0, 0.5)], "fewer_steps": [], "fewer_steps_samplers": {}}}}
+
+    paths = {}
+    for name, results in {"a": run(0), "b": run(1, cfg=5.0), "c": run(0), "d": run(1, curves=["A", "B"])}.items():
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(results))
+    for pair in (("a", "b"), ("a", "c"), ("a", "d")):  # another cfg, the same seed twice, other methods swept
+        out = tmp_path / ("out_" + "".join(pair))
+        assert bench.main(["--merge", *(str(paths[n]) for n in pair), "--out", str(out), "--no-plot"]) == 2
+        assert not out.exists()

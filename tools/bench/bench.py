@@ -21,6 +21,7 @@ on the pack's tiny Flux photos model (crops of two photographs, one picture per 
     python3 -m cached_sampler_dev.bench.bench            # the full bench (about 35-40 minutes on 2 CPU cores)
     python3 -m cached_sampler_dev.bench.bench --quick    # a 1-2 minute smoke run
     python3 -m cached_sampler_dev.bench.bench --model video
+    python3 -m cached_sampler_dev.bench.bench --merge a/results.json b/results.json --out c   # runs at other seeds joined
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # (bench_report); this file is the command line.
 from .bench_discover import DBCACHE_PRESETS, QUICK_SWEEPS, SCHEDULE_GRID, SWEEPS, Config, Method  # noqa: E402,F401
 from .bench_report import analyse, analyse_steps, load_results, markdown, output_names, write_outputs  # noqa: E402,F401
-from .bench_results import per_steps  # noqa: E402
+from .bench_results import merge_seed_runs, per_steps  # noqa: E402
 from .bench_run import Bench, run_bench  # noqa: E402,F401  (Bench, Method: for tests)
 
 
@@ -89,9 +90,14 @@ def parse_args(argv=None) -> Config:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--replot", metavar="RESULTS_JSON",
                    help="only rewrite results.md and the plot from an earlier results.json (into --out)")
+    p.add_argument("--merge", nargs="+", metavar="RESULTS_JSON",
+                   help="only join the results.json of runs of one command at other seeds (--seed S --seeds N each, "
+                        "run at once on several cores or machines) into one run at all their seeds, and write its "
+                        "results.md and .json into --out")
     a = p.parse_args(argv)
     c = Config()
     c.replot = a.replot
+    c.merge = a.merge
     if a.quick:
         c.quick = True
         c.steps = [28]
@@ -179,8 +185,15 @@ def _number(text: str):
 
 def main(argv=None) -> int:
     config = parse_args(argv)
-    if config.replot:
-        results = load_results(Path(config.replot))
+    if config.replot or config.merge:
+        if config.merge:
+            try:
+                results = merge_seed_runs([load_results(Path(f)) for f in config.merge])
+            except ValueError as e:
+                print(f"bench: {e}", file=sys.stderr)
+                return 2
+        else:
+            results = load_results(Path(config.replot))
         results["meta"].pop("plot", None)
         for w in per_steps(results).values():
             w.update(analyse_steps(w))

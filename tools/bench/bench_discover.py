@@ -121,6 +121,7 @@ class Config:
     quick: bool = False
     verbose: bool = True
     replot: str | None = None
+    merge: list | None = None            # results.json of one command's runs at other seeds, to join into one
     extend: int = 3                      # settings a sweep may add to reach below EXTEND_BELOW_DB
     command: str | None = None           # the command line recorded in the results (None: from the settings)
     # the levels measured of every node with a 'level' input (a whole-model method's: "model", "features")
