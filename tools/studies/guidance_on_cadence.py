@@ -11,7 +11,7 @@ markdown report.
 
 ``--each-step`` asks the other question, on the photos model at 35 dB: whether one negative branch left out
 anywhere halves a computed step's work there cheaply enough. At 8 computed steps (the pack's best at 35 dB there)
-a step and a half fewer would be 1.20x the Spectrum port's reduction; it leaves the negative branch out of one
+half a computed step fewer (7.5 of 28) would be 1.20x the Spectrum port's; it leaves the negative branch out of one
 computed step at a time, as Auto Calibrate's ``negative_branch`` plans do (the ``planned`` mode), with each estimate
 the Guidance Cache has, over seeds 0-7.
 
