@@ -21,7 +21,7 @@ on the pack's tiny Flux photos model (crops of two photographs, one picture per 
     python3 -m cached_sampler_dev.bench.bench            # the full bench (about 35-40 minutes on 2 CPU cores)
     python3 -m cached_sampler_dev.bench.bench --quick    # a 1-2 minute smoke run
     python3 -m cached_sampler_dev.bench.bench --model video
-    python3 -m cached_sampler_dev.bench.bench --merge a/results.json b/results.json --out c   # runs at other seeds joined
+    python3 -m cached_sampler_dev.bench.bench --merge a/results.json b/results.json --out c  # seeds run apart, joined
 """
 from __future__ import annotations
 
