@@ -8,6 +8,7 @@ from .base import Declaration, Decider, Estimator, GuidanceDecider, Interceptor,
 from .cards import DiffusionFacts, ModelCard, build_card
 from .chain import InterceptorChain
 from .methods.dbcache import DBCache, FirstBlockCache
+from .methods.partial_last_step import PartialLastStep
 from .methods.fixed_cadence import FixedCadence
 from .methods.guidance import GuidanceCache
 from .kinds import (NEGATIVE, POSITIVE, Anchor, Cached, ChainError, Granularity, InterceptorError,
@@ -27,7 +28,7 @@ from .methods.teacache import TeaCache
 from .methods.verified import VerifiedBlockCache, VerifiedForecast
 
 __all__ = [
-    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "seed_margin", "AdaptiveCache", "DBCache", "FirstBlockCache", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal", "Anchor", "Cached", "Declaration",
+    "MagCache", "MagnitudeRecorder", "VerifiedBlockCache", "VerifiedForecast", "recorded_ratios", "TeaCache", "Plan", "PlannedSchedule", "Recorder", "calibrate", "recorded_trajectory", "Quality", "image_quality", "latent_psnr", "latent_quality", "ssim", "worst_quality", "seed_margin", "AdaptiveCache", "DBCache", "FirstBlockCache", "PartialLastStep", "Spectrum", "TaylorSeer", "BranchKey", "ChainError", "Decider", "Estimator", "Evaluation", "FixedCadence", "Forward", "GuidanceCache", "GuidanceDecider", "Granularity", "Signal", "Anchor", "Cached", "Declaration",
     "Interceptor", "InterceptorChain", "InterceptorError", "LoopState", "ModelCard", "NaNWatch",
     "NonFiniteOutputError", "Observer", "ReuseLast", "Role", "Run", "POSITIVE", "NEGATIVE", "RunSummary", "build_card", "DiffusionFacts", "schedule_of", "summarize",
 ]

@@ -4,11 +4,12 @@ them; nodes, node pages, the memory table, the bench and the tests read it."""
 from __future__ import annotations
 
 from ..spec import MethodSpec
-from . import adaptive, dbcache, fixed_cadence, guidance, magcache, spectrum, taylorseer, teacache, verified
+from . import (adaptive, dbcache, fixed_cadence, guidance, magcache, partial_last_step, spectrum, taylorseer, teacache,
+               verified)
 
-SPECS: tuple[MethodSpec, ...] = (*fixed_cadence.SPECS, *dbcache.SPECS, *taylorseer.SPECS, *spectrum.SPECS,
-                                 *adaptive.SPECS, *teacache.SPECS, *magcache.SPECS, *guidance.SPECS,
-                                 *verified.SPECS)
+SPECS: tuple[MethodSpec, ...] = (*fixed_cadence.SPECS, *dbcache.SPECS, *partial_last_step.SPECS,
+                                 *taylorseer.SPECS, *spectrum.SPECS, *adaptive.SPECS, *teacache.SPECS,
+                                 *magcache.SPECS, *guidance.SPECS, *verified.SPECS)
 
 
 def spec(name: str) -> MethodSpec:

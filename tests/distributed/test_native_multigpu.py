@@ -180,7 +180,7 @@ def _scheduled(comfy, name) -> bool:
 
 SCHEDULED = ["fixed cadence", "fixed cadence at features + taylorseer", "fixed cadence + taylorseer",
              "fixed cadence + spectrum", "growing cadence + spectrum", "magcache", "guidance cache",
-             "guidance cache + fixed cadence", "guidance agreement"]
+             "guidance cache + fixed cadence", "guidance agreement", "fixed cadence + partial last step + taylorseer"]
 # Deciders that measure what the model computes, each device's thread its rows, one decision from all of them
 GATHERED = ["dbcache", "dbcache + taylorseer", "fbcache", "teacache", "adaptive", "adaptive at features",
             "verified forecast + taylorseer", "verified blocks + taylorseer"]
