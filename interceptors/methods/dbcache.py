@@ -32,6 +32,14 @@ def check_probe(label: str, front: int, back: int) -> None:
         raise InterceptorError(f"{label}: 'Bn' must be 0 or more, got {back}.")
 
 
+def split_problems(label: str, front: int, back: int, card: ModelCard, what: str) -> list[str]:
+    """The model-check of a block split: ``front`` + ``back`` must leave blocks between them to ``what``."""
+    if Granularity.BLOCKS in card.levels and front + back >= card.total_blocks:
+        return [f"{label}: Fn ({front}) + Bn ({back}) must leave blocks to {what}, but {card.name} has "
+                f"{card.total_blocks} blocks. Lower Fn or Bn."]
+    return []
+
+
 @dataclasses.dataclass(frozen=True)
 class DBCache(Decider):
     declaration = Decider.declaration.but(
@@ -63,11 +71,7 @@ class DBCache(Decider):
         return self.front, self.back
 
     def check_model(self, card: ModelCard) -> list[str]:
-        total = card.total_blocks
-        if Granularity.BLOCKS in card.levels and self.front + self.back >= total:
-            return [f"{self.label}: Fn ({self.front}) + Bn ({self.back}) must leave blocks to cache, but "
-                    f"{card.name} has {total} blocks. Lower Fn or Bn."]
-        return []
+        return split_problems(self.label, self.front, self.back, card, "cache")
 
     @dataclasses.dataclass
     class BranchState:

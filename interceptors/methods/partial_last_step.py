@@ -21,7 +21,7 @@ from ..cards import ModelCard
 from ..kinds import Cached, Granularity, InterceptorError
 from ..memory import Footprint
 from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, WINDOW
-from .dbcache import check_probe
+from .dbcache import check_probe, split_problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +48,7 @@ class PartialLastStep(Decider):
         return self.front, self.back
 
     def check_model(self, card: ModelCard) -> list[str]:
-        total = card.total_blocks
-        if Granularity.BLOCKS in card.levels and self.front + self.back >= total:
-            return [f"{self.label}: Fn ({self.front}) + Bn ({self.back}) must leave blocks to forecast, but "
-                    f"{card.name} has {total} blocks. Lower Fn or Bn."]
-        return []
+        return split_problems(self.label, self.front, self.back, card, "forecast")
 
     def decide(self, run, ev, signals, measured) -> bool:
         return ev.step < ev.total_steps - self.last_steps

@@ -41,7 +41,7 @@ import dataclasses
 import torch
 
 from ..base import Decider
-from .dbcache import check_probe
+from .dbcache import check_probe, split_problems
 from ..kinds import LAST_STEP_COMPUTE, Anchor, Cached, Granularity, Signal, check_range
 from ..memory import Footprint
 from ..metrics import Measure, _local, _sums, deliver, relative_l1_of
@@ -88,10 +88,7 @@ class VerifiedBlockCache(Decider):
         return self.front, self.back, True  # the back blocks are skippable too: the middle tier runs them
 
     def check_model(self, card) -> list[str]:
-        if Granularity.BLOCKS in card.levels and self.front + self.back >= card.total_blocks:
-            return [f"{self.label}: Fn ({self.front}) + Bn ({self.back}) must leave blocks to forecast, but "
-                    f"{card.name} has {card.total_blocks} blocks. Lower Fn or Bn."]
-        return []
+        return split_problems(self.label, self.front, self.back, card, "forecast")
 
     @dataclasses.dataclass
     class BranchState:
