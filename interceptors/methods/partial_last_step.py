@@ -1,12 +1,13 @@
 """Partial Last Step: the run's last steps run only their front (and back) transformer blocks.
 
-A step cache computes the last step whole by default (``last_step``), since a forecast last step costs several dB
-on natural images; a computed one costs a whole step. In between, on the last ``last_steps`` steps only the first ``Fn``
-and the last ``Bn`` blocks run and the blocks between are forecast by the chain's estimator from the steps computed
-before (TaylorSeer Forecast, or the last computed residual), as DBCache forecasts its middle. The last step is where
-that is cheap: nothing forecast later builds on it. On the bench's photos model a growing cadence + TaylorSeer whose
-last step runs 1 of its 6 blocks saves 74% of the work at 35.3 dB (the median of 8 seeds), the same cadence with
-its last step computed 71% at 37.2 dB (``tools/studies/last_step_blocks.py``, ``bench/last_step_blocks.md``).
+A step cache computes the last step whole by default (``last_step``), a whole step of work; forecast whole, it cost
+2.7 dB at the median seed on the bench's photos model. In between, on the last ``last_steps`` steps only the first
+``Fn`` and the last ``Bn`` blocks run and the blocks between are forecast by the chain's estimator from the steps
+computed before (TaylorSeer Forecast, or the last computed residual), as DBCache forecasts its middle. The last
+step is where that is cheap: nothing forecast later builds on it. On the bench's photos model a growing cadence +
+TaylorSeer whose last step runs 1 of its 6 blocks saves 74% of the work at 35.3 dB (the median of 8 seeds), the
+same cadence with its last step computed 71% at 37.2 dB (``tools/studies/last_step_blocks.py``,
+``bench/last_step_blocks.md``).
 
 It decides from the schedule alone and sits at the block level, so it chains after any whole-model decider (Fixed
 Cadence, Adaptive Cache), which still decides whether the model runs at all. Auto Calibrate's quality was measured
