@@ -96,10 +96,10 @@ def main(argv=None) -> int:
     pack_keys = {r["key"] for r in per_seed[seeds[0]]["rows"] if r["source"] == "pack"}
     ports = [k for k in PORTS if any(r["key"] == k for r in per_seed[seeds[0]]["rows"])]
     print(f"# The last step partly computed ({args.model} model)\n")
-    guided = ", each also with the Guidance Cache after it (the peers run's setting)" if args.guidance else ""
+    with_guidance = ", each also with the Guidance Cache after it (the peers run's setting)" if args.guidance else ""
     print(f"Tiny {'Flux photos' if args.model == 'photos' else 'Wan 2.1 video'} model ({blocks} blocks), 8 "
           f"samples, 28 steps, euler / simple, cfg 3, seeds {seeds[0]}-{seeds[-1]}; the growing grid "
-          f"({len(grid)} settings) + TaylorSeer o1{guided}. Work saved by the best setting at each floor, read at "
+          f"({len(grid)} settings) + TaylorSeer o1{with_guidance}. Work saved by the best setting at each floor, read at "
           f"every seed, *median / worst*. *Last step computed*: the pack's curves of the peers run "
           f"(`bench/peers/results_{args.model}.json`); *forecast*: the same grid with `last_step` forecast; "
           f"*partly computed*: with Partial Last Step after the cadence, `Fn` {', '.join(map(str, FRONTS))} "
