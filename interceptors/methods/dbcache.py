@@ -24,10 +24,11 @@ from ..spec import (Example, Input, MemoryRow, MethodSpec, Prose, Sweep, WINDOW,
 
 
 
-def check_probe(label: str, front: int, back: int) -> None:
-    """Reject a block split with no probe (``front`` < 1) or a negative number of back blocks."""
+def check_probe(label: str, front: int, back: int, why: str = "the first block is the probe") -> None:
+    """Reject a block split with no front block (``front`` < 1; ``why`` it needs one) or a negative number of back
+    blocks."""
     if front < 1:
-        raise InterceptorError(f"{label}: 'Fn' must be at least 1: the first block is the probe.")
+        raise InterceptorError(f"{label}: 'Fn' must be at least 1: {why}.")
     if back < 0:
         raise InterceptorError(f"{label}: 'Bn' must be 0 or more, got {back}.")
 

@@ -43,7 +43,8 @@ class PartialLastStep(Decider):
         super().validate()
         if int(self.last_steps) != self.last_steps or self.last_steps < 0:
             raise InterceptorError(f"{self.label}: 'last_steps' must be a whole number >= 0, got {self.last_steps}.")
-        check_probe(self.label, self.front, self.back)
+        check_probe(self.label, self.front, self.back, "the forecast middle is added to what the front blocks "
+                                                       "compute from the step's real input")
 
     def blocks(self) -> tuple[int, int]:
         return self.front, self.back

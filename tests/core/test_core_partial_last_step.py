@@ -88,7 +88,7 @@ def test_on_its_own_it_takes_only_the_last_step():
 
 @pytest.mark.parametrize("settings, message", [
     (dict(last_steps=-1), "'last_steps' must be a whole number >= 0"),
-    (dict(front=0), "'Fn' must be at least 1"),
+    (dict(front=0), "'Fn' must be at least 1: the forecast middle is added to what the front blocks compute"),
     (dict(back=-1), "'Bn' must be 0 or more"),
 ])
 def test_impossible_settings_are_refused_by_name(settings, message):
