@@ -1,7 +1,7 @@
 """tools/bench/bench_gpu.py runs end to end on a CPU at toy sizes (the GPU bench is the same code at full size)."""
 from __future__ import annotations
 
-
+from cached_sampler_dev.support.methods import NAMES
 
 
 def test_the_gpu_bench_runs_on_a_cpu_at_tiny_size(comfy, tmp_path):
@@ -16,7 +16,7 @@ def test_the_gpu_bench_runs_on_a_cpu_at_tiny_size(comfy, tmp_path):
         rows = result["rows"]
         overhead = {k: r for k, r in rows.items() if r["group"] == "overhead"}
         schedules = {k: r for k, r in rows.items() if r["group"] == "schedule"}
-        assert len(overhead) == 8 and len(schedules) == 5
+        assert list(overhead) == NAMES and len(schedules) == 5, "every method's examples, once each"
         for label, row in overhead.items():
             assert row["max_diff"] == 0 and row["work_saved"] == 0, f"{label} changed the output or skipped"
             assert f"| {label} | " in text

@@ -17,7 +17,8 @@ Sampler does):
 Each run is timed with CUDA events (wall clock on a CPU) after a warm-up run; runs of all settings alternate
 round after round and medians are reported. It writes ``bench/results-gpu.md`` (``--out``):
 
-* **overhead** of each method at a setting that skips nothing (and whether the output is unchanged);
+* **overhead** of each method at a setting that skips nothing (and whether the output is unchanged): every chain
+  the shared guarantees run, at the settings of it that never skip;
 * **wall speedup** at fixed skip schedules (Fixed Cadence at whole-model level; DBCache with an infinite
   threshold, so ``max_consecutive_cached`` fixes its schedule, at block level), with the work really saved;
 * **peak VRAM** of the run (``torch.cuda.max_memory_allocated``) and the bytes its caches held, with and
@@ -157,18 +158,12 @@ class Timer:
 
 
 def settings(ic) -> list[tuple[str, str, list, bool]]:
-    """(group, label, chain, cache_on_cpu): nothing skipped, then fixed skip schedules."""
-    never = dict(threshold=0.0)
+    """(group, label, chain, cache_on_cpu): every method's shared examples at settings that skip nothing (their
+    names; ``tests/support/methods.py``, so a method added there is measured here too), then fixed skip schedules."""
+    from ..support.methods import never_skips
     fixed_blocks = dict(threshold=1e9, warmup=0.0, max_cached_steps=-1)
     return [
-        ("overhead", "Fixed Cadence interval=1", [ic.FixedCadence(interval=1)], False),
-        ("overhead", "Fixed Cadence interval=1 + TaylorSeer o1", [ic.FixedCadence(interval=1), ic.TaylorSeer(order=1)], False),
-        ("overhead", "Adaptive Cache threshold=0", [ic.AdaptiveCache(**never)], False),
-        ("overhead", "First Block Cache threshold=0", [ic.FirstBlockCache(**never)], False),
-        ("overhead", "First Block Cache threshold=0 + TaylorSeer o1", [ic.FirstBlockCache(**never), ic.TaylorSeer(order=1)], False),
-        ("overhead", "DBCache F1B1 threshold=0", [ic.DBCache(front=1, back=1, **never)], False),
-        ("overhead", "TeaCache threshold=0", [ic.TeaCache(**never)], False),
-        ("overhead", "MagCache threshold=0", [ic.MagCache(**never)], False),
+        *(("overhead", name, chain, False) for name, chain in never_skips(ic).items()),
         ("schedule", "Fixed Cadence interval=2", [ic.FixedCadence(interval=2)], False),
         ("schedule", "Fixed Cadence interval=3 + TaylorSeer o1", [ic.FixedCadence(interval=3), ic.TaylorSeer(order=1)], False),
         ("schedule", "DBCache F1B0, 2 cached in a row", [ic.DBCache(max_consecutive_cached=2, **fixed_blocks)], False),
