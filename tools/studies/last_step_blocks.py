@@ -59,8 +59,7 @@ def main(argv=None) -> int:
         grid = [s for s in grid if s["interval"] == 3 and s["growth"] in (0.5, 0.75) and s["warmup_steps"] == 0]
     module = app.module(f"nodes.demo_models.{args.model}")
     work = Workload(module, list(range(8)), module.decode)
-    blocks = sum(len(getattr(work.model.model.diffusion_model, name, ()))
-                 for name in ("double_blocks", "single_blocks", "blocks"))
+    blocks = app.module("adapter").model_card(work.model).total_blocks  # what Partial Last Step's Fn counts
 
     ours: dict[int, list[dict]] = {s: [] for s in seeds}      # the last step partly computed
     forecast: dict[int, list[dict]] = {s: [] for s in seeds}  # the last step forecast whole
