@@ -72,6 +72,15 @@ def check_range(node: str, name: str, value: float, low: float | None = None, hi
         raise InterceptorError(f"{node}: '{name}' must be at most {high}, got {value}.")
 
 
+def check_whole(node: str, name: str, value: float, low: int, high: int | None = None, *,
+                low_text: str | None = None) -> None:
+    """Reject an input that is not a whole number in [low, high] (no upper bound where ``high`` is None); the
+    message names the node and the input, and ``low_text`` where the lower bound is another input's."""
+    if int(value) != value or not low <= value <= (value if high is None else high):
+        bounds = f">= {low_text or low}" if high is None else f"from {low_text or low} to {high}"
+        raise InterceptorError(f"{node}: '{name}' must be a whole number {bounds}, got {value}.")
+
+
 # What a decider does on the run's last step (``Decider.last_step``): compute it whatever its rule says (the default),
 # or let its rule decide, so the last step may be forecast like any other.
 LAST_STEP_COMPUTE, LAST_STEP_FORECAST = "compute", "forecast"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..base import Decider
-from ..kinds import LAST_STEP_COMPUTE, LEVEL_MODEL, Cached, Granularity, InterceptorError
+from ..kinds import LAST_STEP_COMPUTE, LEVEL_MODEL, Cached, Granularity, InterceptorError, check_whole
 from ..records import Evaluation
 from ..run import Run
 from ..memory import Footprint
@@ -55,16 +55,13 @@ class FixedCadence(Decider):
 
     def validate(self) -> None:
         super().validate()
-        if int(self.interval) != self.interval or self.interval < 1:
-            raise InterceptorError(f"{self.label}: 'interval' must be a whole number >= 1, got {self.interval}.")
+        check_whole(self.label, "interval", self.interval, 1)
         if not 0.0 <= self.growth <= MAX_GROWTH:
             raise InterceptorError(f"{self.label}: 'growth' must be between 0 and {MAX_GROWTH:g}, got {self.growth}.")
         if not 1.0 <= self.growth_ratio <= MAX_GROWTH_RATIO:
             raise InterceptorError(f"{self.label}: 'growth_ratio' must be between 1 and {MAX_GROWTH_RATIO:g}, "
                                    f"got {self.growth_ratio}.")
-        if int(self.warmup_steps) != self.warmup_steps or not 0 <= self.warmup_steps <= MAX_WARMUP_STEPS:
-            raise InterceptorError(f"{self.label}: 'warmup_steps' must be a whole number from 0 to "
-                                   f"{MAX_WARMUP_STEPS}, got {self.warmup_steps}.")
+        check_whole(self.label, "warmup_steps", self.warmup_steps, 0, MAX_WARMUP_STEPS)
 
     def decide(self, run: Run, ev: Evaluation, signals, measured) -> bool:
         state = run.state_of(self)

@@ -41,7 +41,7 @@ import dataclasses
 import torch
 
 from ..base import GuidanceDecider
-from ..kinds import LAST_STEP_COMPUTE, Cached, InterceptorError, check_range
+from ..kinds import LAST_STEP_COMPUTE, Cached, InterceptorError, check_range, check_whole
 from ..memory import Footprint
 from ..records import Evaluation
 from ..run import Run
@@ -102,8 +102,7 @@ class GuidanceCache(GuidanceDecider):
 
     def validate(self) -> None:
         super().validate()
-        if int(self.interval) != self.interval or self.interval < 1:
-            raise InterceptorError(f"{self.label}: 'interval' must be a whole number >= 1, got {self.interval}.")
+        check_whole(self.label, "interval", self.interval, 1)
         check_range(self.label, "threshold", self.threshold, 0.0)
         if self.mode not in MODES and not (self.mode == PLANNED and self.sigmas):
             raise InterceptorError(f"{self.label}: 'mode' must be one of {', '.join(MODES)}, got {self.mode!r}.")

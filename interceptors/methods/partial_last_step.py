@@ -19,7 +19,7 @@ import dataclasses
 
 from ..base import Decider
 from ..cards import ModelCard
-from ..kinds import Cached, Granularity, InterceptorError
+from ..kinds import Cached, Granularity, check_whole
 from ..memory import Footprint
 from ..spec import Example, Input, MemoryRow, MethodSpec, Prose, WINDOW
 from .dbcache import check_probe, split_problems
@@ -41,8 +41,7 @@ class PartialLastStep(Decider):
 
     def validate(self) -> None:
         super().validate()
-        if int(self.last_steps) != self.last_steps or self.last_steps < 0:
-            raise InterceptorError(f"{self.label}: 'last_steps' must be a whole number >= 0, got {self.last_steps}.")
+        check_whole(self.label, "last_steps", self.last_steps, 0)
         check_probe(self.label, self.front, self.back, "the forecast middle is added to what the front blocks "
                                                        "compute from the step's real input")
 

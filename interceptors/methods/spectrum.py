@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from ..base import Estimator
-from ..kinds import InterceptorError
+from ..kinds import InterceptorError, check_whole
 from ..spec import Input, MethodSpec, Prose
 from .taylorseer import lagrange_weights, same_sigma
 
@@ -47,17 +47,13 @@ class Spectrum(Estimator):
     order: int = 1       # the local polynomial: TaylorSeer's order through the last order + 1 points
 
     def validate(self) -> None:
-        if int(self.degree) != self.degree or not 1 <= self.degree <= 8:
-            raise InterceptorError(f"{self.label}: 'degree' must be an integer from 1 to 8, got {self.degree}.")
-        if int(self.window) != self.window or not self.degree + 2 <= self.window <= 100:
-            raise InterceptorError(f"{self.label}: 'window' must be an integer from degree + 2 "
-                                   f"({self.degree + 2}) to 100, got {self.window}.")
+        check_whole(self.label, "degree", self.degree, 1, 8)
+        check_whole(self.label, "window", self.window, self.degree + 2, 100, low_text=f"degree + 2 ({self.degree + 2})")
         if not 0.0 <= self.ridge:
             raise InterceptorError(f"{self.label}: 'ridge' must be 0 or more, got {self.ridge}.")
         if not 0.0 <= self.blend <= 1.0:
             raise InterceptorError(f"{self.label}: 'blend' must be from 0 to 1, got {self.blend}.")
-        if int(self.order) != self.order or not 0 <= self.order <= 2:
-            raise InterceptorError(f"{self.label}: 'order' must be 0, 1 or 2, got {self.order}.")
+        check_whole(self.label, "order", self.order, 0, 2)
 
     @dataclasses.dataclass
     class Slot:
