@@ -15,8 +15,9 @@ from ..interceptors import (GuidanceCache, InterceptorChain, InterceptorError, M
 from ..interceptors.methods.guidance import PLANNED
 from ..interceptors.kinds import LEVEL_MODEL, NEGATIVE
 from ..interceptors.methods.planned import Plan
+from ..interceptors.methods.taylorseer import Forecast
 from ..interceptors.methods.schedule_alignment import align, alignment_runs, why_not_aligned
-from ..interceptors.methods.schedule_search import ORDERS, negatives_to_leave_out
+from ..interceptors.methods.schedule_search import DAMPINGS, ORDERS, negatives_to_leave_out
 from ..interceptors.methods.schedule_search import search as search_plan
 from ..interceptors.quality import MIN_MARGIN, SPREAD_FACTOR
 from ..interceptors.spec import level_input
@@ -149,7 +150,8 @@ class AutoCalibrate(CalibrationNode):
                     "placements for every budget (with front-loaded and even schedules, and Fixed Cadence's growing "
                     "ones with a warm-up and the last step forecast), for reuse and TaylorSeer order 1 and 2, and "
                     "real runs pick the least work that meets the target, then the highest PSNR at that work, then "
-                    "tries that plan less one step (about 25-80 runs at 28 steps). 'steps': the same search with the "
+                    "tries that plan less one step, its forecast also damped by 0.2 (about 25-90 runs at 28 "
+                    "steps). 'steps': the same search with the "
                     "forecast 'order'. 'greedy': the plan search of 0.2.0 (greedy and even placements, first and last "
                     "computed; about 10 runs).")),
                 io.Int.Input("candidates", default=4, min=1, max=32, optional=True, tooltip=(
@@ -196,10 +198,11 @@ class AutoCalibrate(CalibrationNode):
         uncached = [final(latent) for latent in references]
 
         def plan_chain(compute, measured=None, forecast=order, leave_out=(), aligned=()):
+            forecast = Forecast.of(forecast)
             items = [PlannedSchedule(compute=tuple(compute), sigmas=tuple(aligned[:-1] or sigmas),
                                      schedule=tuple(schedule), sampler=recorded.sampler, cfg=recorded.cfg,
                                      quality=measured, node=node, level=level, aligned=tuple(aligned)),
-                     TaylorSeer(order=forecast, node=node)]
+                     TaylorSeer(order=forecast.order, damping=forecast.damping, node=node)]
             if leave_out:
                 items.append(GuidanceCache(mode=PLANNED, leave_out=tuple(leave_out), sigmas=tuple(sigmas),
                                            schedule=tuple(schedule), sampler=recorded.sampler, node=node))
@@ -221,9 +224,12 @@ class AutoCalibrate(CalibrationNode):
                 return calibrate(sigmas, outputs, measure, order=order, **goal)
             if goal["budget"] is not None and goal["budget"] < 2:
                 raise InterceptorError("A budget below 2 computed steps leaves nothing to forecast from.")
-            found = search_plan(sigmas, outputs, measure, orders=ORDERS if search == SEARCHES[0] else (order,),
-                                per_budget=candidates, **goal)
-            return Plan(found.compute, len(sigmas), found.quality, order=found.order, runs=found.runs)
+            both = search == SEARCHES[0]  # the forecast searched too
+            found = search_plan(sigmas, outputs, measure, orders=ORDERS if both else (order,), per_budget=candidates,
+                                dampings=DAMPINGS if both else (), **goal)
+            forecast = Forecast.of(found.order)
+            return Plan(found.compute, len(sigmas), found.quality, order=forecast.order, damping=forecast.damping,
+                        runs=found.runs)
 
         asked = min_psnr if target == "quality" else None
         try:
@@ -234,7 +240,7 @@ class AutoCalibrate(CalibrationNode):
                 asked = min_psnr + added
                 if plan.quality.psnr < asked:
                     plan = dataclasses.replace(find(asked), runs=len(measured))
-            order = plan.order if plan.order is not None else order
+            order = plan.forecast if plan.order is not None else order
             if leave_negative_out and target == "quality" and search == SEARCHES[0] and computed_negative(recorded):
                 # the guidance level too: on which computed steps the negative branch may be estimated
                 tried = []

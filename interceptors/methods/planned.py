@@ -20,7 +20,7 @@ from ..kinds import Granularity, InterceptorError
 from ..quality import Quality
 from ..records import counted_in
 from .schedule_alignment import valid_alignment
-from .taylorseer import lagrange_weights, same_sigma
+from .taylorseer import Forecast, lagrange_weights, same_sigma
 
 
 def fits_plan(run, ev, sigmas: Sequence[float], schedule: Sequence[float], sampler: str) -> bool:
@@ -150,6 +150,12 @@ class Plan:
     aligned: tuple[float, ...] = ()  # the sigmas the plan steps through, where alignment moved them
     plain_psnr: float | None = None  # with alignment tried: the plan's PSNR on the run's own sigmas
     align_runs: int = 0              # the aligned schedules measured
+    damping: float = 0.0             # TaylorSeer's damping of that forecast (the search's descent may choose one)
+
+    @property
+    def forecast(self) -> int | Forecast | None:
+        """What the plan is sampled with: its order, or that order with its damping."""
+        return Forecast(self.order, self.damping) if self.order is not None and self.damping else self.order
 
     @property
     def alignment_text(self) -> str:
@@ -175,7 +181,7 @@ class Plan:
         unit = counted_in(self.evaluations, len(set(self.steps)) if self.steps else self.evaluations)
         text = f"compute {len(self.compute)}/{self.evaluations} {unit} ({self._named(self.compute)})"
         if self.order is not None:
-            text += ", the rest " + ("reused" if self.order == 0 else f"forecast by TaylorSeer order {self.order}")
+            text += f", the rest {Forecast(self.order, self.damping)}"
         if self.negative_left_out:
             text += (f", and at {self._named(self.negative_left_out)} only the positive CFG branch (the negative "
                      f"estimated from it)")

@@ -33,9 +33,13 @@ import torch
 
 from .fixed_cadence import FixedCadence
 from ..kinds import LAST_STEP_FORECAST
-from .taylorseer import lagrange_weights, same_sigma
+from .taylorseer import Forecast, forecast_weights as taylorseer_weights, same_sigma
 
 ORDERS = (0, 1, 2)  # the forecasts searched: reuse, TaylorSeer order 1 and 2 (a polynomial in sigma)
+# TaylorSeer's damping, also tried on the plans below the one found (the search's descent): over the longer gap a
+# dropped step leaves, a forecast that follows the trend less far read 1-3 dB higher on the video model, where it
+# let a growing cadence compute a step less; on the digits model it read lower (bench/damped_forecast.md).
+DAMPINGS = (0.2,)
 
 
 def gram(outputs: Sequence[torch.Tensor], sample_size: int = 1 << 20) -> torch.Tensor:
@@ -49,14 +53,17 @@ def gram(outputs: Sequence[torch.Tensor], sample_size: int = 1 << 20) -> torch.T
     return o @ o.T
 
 
-def forecast_weights(sigmas: Sequence[float], points: Sequence[int], at: int, order: int) -> dict[int, float]:
-    """The weights TaylorSeer of ``order`` gives the computed evaluations ``points`` (oldest first, as many as it
-    keeps) when forecasting evaluation ``at``: the polynomial through the last ``order + 1`` distinct sigmas."""
+def forecast_weights(sigmas: Sequence[float], points: Sequence[int], at: int,
+                     order: int | Forecast) -> dict[int, float]:
+    """The weights TaylorSeer of ``order`` (an order, or a :class:`Forecast` with its damping) gives the computed
+    evaluations ``points`` (oldest first, as many as it keeps) when forecasting evaluation ``at``: the polynomial
+    through the last ``order + 1`` distinct sigmas."""
+    forecast = Forecast.of(order)
     kept: list[int] = []
     for i in points:  # a repeated sigma replaces the older point, as TaylorSeer.observe does
         kept = [k for k in kept if not same_sigma(sigmas[k], sigmas[i])] + [i]
-    kept = kept[-(order + 1):]
-    return dict(zip(kept, lagrange_weights([sigmas[k] for k in kept], sigmas[at])))
+    kept = kept[-(forecast.order + 1):]
+    return dict(zip(kept, taylorseer_weights([sigmas[k] for k in kept], sigmas[at], forecast.damping)))
 
 
 def _quadratic(g: torch.Tensor, coefficients: dict[int, float]) -> float:
@@ -347,7 +354,7 @@ PATIENCE = 3  # budgets in a row below the bisection's answer that must fail bef
 @dataclasses.dataclass
 class SearchOutcome:
     compute: tuple[int, ...]
-    order: int
+    order: int | Forecast      # a bare order, or a Forecast where the descent kept a damped one
     quality: object            # what ``measure`` returned for it (has .psnr)
     runs: int                  # distinct plans measured (sampling runs per seed)
     source: str
@@ -361,7 +368,7 @@ def dropped(compute: tuple[int, ...]) -> list[tuple[int, ...]]:
 def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *, min_psnr: float | None = None,
            budget: int | None = None, orders: Sequence[int] = ORDERS, per_budget: int = 4, refine: int | None = None,
            extra=None, patience: int = PATIENCE, descend: bool = True,
-           growing: int = GROWING_PER_BUDGET) -> SearchOutcome:
+           growing: int = GROWING_PER_BUDGET, dampings: Sequence[float] = ()) -> SearchOutcome:
     """The least work that meets ``min_psnr`` (or, for ``budget``, the best plan of exactly that many computed
     evaluations), every candidate confirmed by ``measure(compute, order) -> quality`` (a real sampling run: the
     measured PSNR decides, the error model only ranks).
@@ -386,7 +393,10 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
     51.9 dB, the best 10-step candidate below 46.25 dB, and the 11-step plan without its last step 48.8 dB).
     ``budget``: the ``per_budget`` best-ranked candidates, then the same local search for the highest PSNR.
     ``growing``: how many growing schedules are measured at a budget after its candidates (0: the search of before
-    they were proposed, run for run)."""
+    they were proposed, run for run). ``dampings``: the descent also measures each dropped plan with TaylorSeer
+    damped by these (a plan's order 1 or 2; the key's forecast is then a :class:`Forecast`), so a step less can be
+    met where the longer gap it leaves needs a forecast that follows the trend less far; () measures what the
+    search measured before they were tried, run for run."""
     n = len(sigmas)
     if (budget is None) == (min_psnr is None):
         raise ValueError("Give exactly one target: a budget of computed steps or a minimum PSNR.")
@@ -475,14 +485,22 @@ def search(sigmas: Sequence[float], outputs: Sequence[torch.Tensor], measure, *,
         b -= 1
     best = polish(len(best[0]))
     while descend and len(best[0]) > min(2, n):
-        lower = sorted(((plan, best[1]) for plan in dropped(best[0])),  # the model ranks, runs confirm
-                       key=lambda k: plan_error(proposals.g, sigmas, k[0], k[1]))[:per_budget]
+        plans = sorted(dropped(best[0]),  # the model ranks, runs confirm
+                       key=lambda plan: plan_error(proposals.g, sigmas, plan, best[1]))[:per_budget]
+        lower = [(plan, forecast) for plan in plans for forecast in with_damping(best[1], dampings)]
         for key in lower:
             run(key[0], key[1], "dropped")
         if not any(meets(key) for key in lower):
             break
         best = polish(len(best[0]) - 1)
     return outcome(best)
+
+
+def with_damping(order: int | Forecast, dampings: Sequence[float]) -> list[int | Forecast]:
+    """The forecasts a descent measures a dropped plan with: ``order`` undamped (a bare order, as every other
+    candidate is keyed) and damped by each of ``dampings``; reuse (order 0) has no trend to damp."""
+    base = Forecast.of(order).order
+    return [base] + [Forecast(base, d) for d in dampings if base > 0 and d > 0]
 
 
 def negatives_to_leave_out(compute: Sequence[int], n: int, measure, min_psnr: float):

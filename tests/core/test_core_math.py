@@ -33,6 +33,38 @@ def test_taylorseer_order_2_forecasts_a_quadratic_in_sigma_exactly():
     assert torch.allclose(seer.estimate(slot, 0.25, torch.device("cpu")), f(0.25), atol=1e-6)
 
 
+def test_damping_scales_each_newton_term_from_the_newest_point_back():
+    """HiCache's scaling: the k-th Newton term (taken from the newest node back) times (1 - damping)^k. Against the
+    terms written out: f[s2] + f[s2,s1](x - s2) + f[s2,s1,s0](x - s2)(x - s1) for a quadratic, and for a line the
+    newest value plus the scaled step. A broken variant that scales the Lagrange weights, or counts terms from the
+    oldest node, misses these values."""
+    f = lambda s: 2 * s * s - 3 * s + 0.5  # noqa: E731
+    s0, s1, s2, x, keep = 1.0, 0.7, 0.3, 0.1, 0.75
+    d1 = (f(s2) - f(s1)) / (s2 - s1)
+    d2 = (d1 - (f(s1) - f(s0)) / (s1 - s0)) / (s2 - s0)
+    expected = f(s2) + keep * d1 * (x - s2) + keep ** 2 * d2 * (x - s2) * (x - s1)
+    weights = taylorseer.forecast_weights([s0, s1, s2], x, damping=1 - keep)
+    assert math.isclose(sum(w * f(s) for w, s in zip(weights, (s0, s1, s2))), expected, abs_tol=1e-12)
+    assert math.isclose(sum(weights), 1.0, abs_tol=1e-12)  # a constant stays that constant
+    line = taylorseer.forecast_weights([s1, s2], x, damping=0.2)
+    assert math.isclose(line[0] * f(s1) + line[1] * f(s2), f(s2) + 0.8 * d1 * (x - s2) * 1.0, abs_tol=1e-12)
+    assert taylorseer.forecast_weights([s0, s1, s2], x, damping=0.0) == taylorseer.lagrange_weights([s0, s1, s2], x)
+    assert taylorseer.forecast_weights([s0, s1, s2], x, damping=1.0) == [0.0, 0.0, 1.0]  # reuse
+
+
+def test_taylorseer_damping_forecasts_through_the_weights_and_is_checked():
+    seer = ic.TaylorSeer(order=1, damping=0.5)
+    slot = seer.Slot()
+    for s, v in ((1.0, 3.0), (0.5, 2.0)):
+        seer.observe(slot, torch.tensor([v]), s)
+    # the line through (1, 3) and (0.5, 2) reads 1.5 at 0.25; half its step from 2.0 is 1.75
+    assert torch.allclose(seer.estimate(slot, 0.25, torch.device("cpu")), torch.tensor([1.75]))
+    assert [w for w, _ in seer.terms(slot, 0.25)] == pytest.approx([-0.25, 1.25])
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ic.InterceptorError, match="damping"):
+            ic.TaylorSeer(order=1, damping=bad).validate()
+
+
 def test_taylorseer_order_2_with_a_repeated_sigma_in_a_non_monotone_schedule():
     """A custom schedule that returns to a sigma it visited (1.0 -> 0.5 -> 1.0) used to put two nodes at one
     sigma and divide by zero."""

@@ -213,6 +213,47 @@ def test_the_search_descends_from_the_plan_found_by_leaving_one_computed_step_ou
     assert found.source == "dropped" and found.compute[0] == seven[0]
 
 
+def test_the_descent_keeps_a_step_less_where_only_a_damped_forecast_meets_the_bound():
+    """Where a plan less one step meets the bound only with TaylorSeer damped (the video model: the longer gap it
+    leaves overshoots undamped), the descent with ``dampings`` returns that plan and its damped forecast; without
+    them it stops at the plan above. Where no damped plan meets it, the damped runs are the only ones added: the
+    undamped runs are those of the search without them, in the same order."""
+    outputs = _outputs(3)
+
+    def above(compute, order):  # 7 steps and more meet the bound, by a pseudo-random margin per placement
+        return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
+
+    first = dict(min_psnr=35.0, growing=0, orders=(1,))  # a forecast with a trend to damp
+    seven = ss.search(SIGMAS, outputs, above, **first).compute
+    runs = []
+
+    def landscape(compute, order):  # the 6-step subsets of the 7-step plan meet it only damped
+        runs.append((compute, order))
+        damped = isinstance(order, ss.Forecast) and order.damping > 0
+        subset = len(compute) == 6 and set(compute) < set(seven)
+        return type("Q", (), {"psnr": 36.0 - compute[-1] / 100 if subset and damped else above(compute, order).psnr})()
+
+    without = ss.search(SIGMAS, outputs, landscape, **first)
+    plain_runs = list(runs)
+    assert without.compute == seven and not isinstance(without.order, ss.Forecast)
+    runs.clear()
+    found = ss.search(SIGMAS, outputs, landscape, **first, dampings=(0.2,))
+    assert len(found.compute) == 6 and set(found.compute) < set(seven) and found.quality.psnr >= 35.0
+    assert found.order == ss.Forecast(1, 0.2) and found.source == "dropped"
+    assert ss.with_damping(found.order, (0.2,)) == [found.order.order, found.order], "undamped first, then damped"
+
+    with_runs = []
+
+    def no_damped_subset(compute, order):
+        with_runs.append((compute, order))
+        return above(compute, order)
+
+    ss.search(SIGMAS, outputs, no_damped_subset, **first, dampings=(0.2,))
+    damped_runs = [r for r in with_runs if isinstance(r[1], ss.Forecast)]
+    assert damped_runs and [r for r in with_runs if not isinstance(r[1], ss.Forecast)] == plain_runs
+    assert ss.with_damping(0, (0.2,)) == [0], "reuse has no trend to damp"
+
+
 def test_dropped_never_leaves_out_the_first_evaluation():
     assert ss.dropped((0, 3, 5)) == [(0, 5), (0, 3)]
 

@@ -335,3 +335,23 @@ def test_caches_of_windows_that_moved_away_are_dropped_during_the_run(comfy, sch
     assert moved == (schedule != "standard_static"), used
     if moved:
         assert len(held[-1]) < len(set().union(*held)), "nothing was dropped"
+
+
+def test_taylorseer_damping_through_the_node_spans_the_published_forecast_to_reuse(comfy):
+    """The TaylorSeer node's ``damping`` reaches the forecast: 0 (and a workflow saved without the input) is
+    TaylorSeer as published, 1 is order 0's reuse bit for bit, and a damping between gives neither. A node that
+    dropped the input, or applied it to the wrong term, fails one of the three."""
+    def run(**forecast):
+        prompt = graphs.base("flux", latent_seed=5)
+        last = graphs.config(prompt, "method", "CachedSamplerFixedCadence", interval=3, **WINDOW)
+        last = graphs.config(prompt, "forecast", "CachedSamplerTaylorSeer", upstream=last, **forecast)
+        graphs.sampler(prompt, "CachedSampler", chain=last, steps=8)
+        comfy.run(prompt)
+        return CAPTURED["out"].clone()
+
+    published, reuse = run(order=1), run(order=0)
+    assert torch.equal(run(order=1, damping=0.0), published)
+    assert torch.equal(run(order=1, damping=1.0), reuse)
+    assert torch.equal(run(order=2, damping=1.0), reuse)
+    half = run(order=1, damping=0.5)
+    assert not torch.equal(half, published) and not torch.equal(half, reuse)
