@@ -25,15 +25,9 @@ import types
 from pathlib import Path
 
 from .forecast_limits import Workload, pack_run
+from .last_step_blocks import FLOORS, PEERS, PORTS, reduction  # the same peers run, read the same way
 
 DAMPINGS = (0.1, 0.2)
-FLOORS = tuple(range(31, 46))
-PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers"
-PORTS = {"peer:Spectrum": "judian17 `Spectrum`", "peer:SpectrumApplyFlux": "xmarre `SpectrumApplyFlux`"}
-
-
-def reduction(saved: float) -> float:
-    return 1.0 / max(1.0 - saved, 1e-9)
 
 
 def sweep(model: str, dampings, seeds, quick: bool) -> list[dict]:
