@@ -10,7 +10,7 @@ step computed) and Spectrum's ComfyUI ports. Work is the run's own count (block 
 the uncached run). Prints a markdown report.
 
     python3 -m cached_sampler_dev.studies.damped_forecast --model video    # about 25 min per damping on one core
-    python3 -m cached_sampler_dev.studies.damped_forecast --model photos   # about 15 min per damping
+    python3 -m cached_sampler_dev.studies.damped_forecast --model photos   # about 10 min per damping
     python3 -m cached_sampler_dev.studies.damped_forecast --quick          # video, seeds 0-1, two settings
 
 The sweep splits over processes: ``--damping 0.1 --rows a.json`` in one, ``--damping 0.2 --rows b.json`` in
