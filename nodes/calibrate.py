@@ -150,8 +150,8 @@ class AutoCalibrate(CalibrationNode):
                     "placements for every budget (with front-loaded and even schedules, and Fixed Cadence's growing "
                     "ones with a warm-up and the last step forecast), for reuse and TaylorSeer order 1 and 2, and "
                     "real runs pick the least work that meets the target, then the highest PSNR at that work, then "
-                    "tries that plan less one step, its forecast also damped by 0.2 (at 28 steps and the other "
-                    "defaults, 40-150 runs per seed on the bench's image models, 160-300 on its video model). "
+                    "tries that plan less one step, its forecast also damped by 0.2 and 0.4 (at 28 steps and the "
+                    "other defaults, 45-160 runs per seed on the bench's image models, 200-330 on its video model). "
                     "'steps': the same search with the "
                     "forecast 'order'. 'greedy': the plan search of 0.2.0 (greedy and even placements, first and last "
                     "computed; about 10 runs).")),

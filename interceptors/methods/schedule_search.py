@@ -36,10 +36,12 @@ from ..kinds import LAST_STEP_FORECAST
 from .taylorseer import Forecast, forecast_weights as taylorseer_weights, same_sigma
 
 ORDERS = (0, 1, 2)  # the forecasts searched: reuse, TaylorSeer order 1 and 2 (a polynomial in sigma)
-# TaylorSeer's damping, also tried on the plans below the one found (the search's descent): over the longer gap a
+# TaylorSeer's dampings, also tried on the plans below the one found (the search's descent): over the longer gap a
 # dropped step leaves, a forecast that follows the trend less far read 1-3 dB higher on the video model, where it
-# let a growing cadence compute a step less; on the digits model it read lower (bench/damped_forecast.md).
-DAMPINGS = (0.2,)
+# let a growing cadence compute a step less; on the digits model it read lower (bench/damped_forecast.md). 0.4 is
+# the damping the video model's grid chose most; with it the video model's 45 dB plan computes a step less
+# (bench/autocalibrate/margin_rules.md).
+DAMPINGS = (0.2, 0.4)
 
 
 def gram(outputs: Sequence[torch.Tensor], sample_size: int = 1 << 20) -> torch.Tensor:

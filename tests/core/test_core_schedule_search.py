@@ -325,3 +325,33 @@ def test_a_growing_schedule_that_reads_better_is_the_answer():
 
     found = ss.search(SIGMAS, outputs, measure, min_psnr=35.0)
     assert found.compute == target and found.source == "growing"
+
+
+def test_the_descent_tries_each_damping_the_node_gives_it_and_keeps_the_best():
+    """The node's descent dampings (``DAMPINGS``) include the stronger 0.4 the video model's grid chose most: where
+    a plan less one step meets the bound only damped that far, the descent keeps it with that damping; where two
+    dampings meet it, the plan with the higher PSNR, as among any plans of one budget."""
+    outputs = _outputs(3)
+    assert 0.2 in ss.DAMPINGS and 0.4 in ss.DAMPINGS
+
+    def above(compute, order):
+        return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
+
+    first = dict(min_psnr=35.0, growing=0, orders=(1,))
+    seven = ss.search(SIGMAS, outputs, above, **first).compute
+
+    def landscape(strong_only):
+        def measure(compute, order):  # the 6-step subsets of the 7-step plan: 0.4 meets the bound, 0.2 only if asked
+            damping = order.damping if isinstance(order, ss.Forecast) else 0.0
+            if len(compute) == 6 and set(compute) < set(seven) and damping:
+                met = damping >= 0.4 or not strong_only
+                return type("Q", (), {"psnr": (35.0 + damping * 5 if met else 34.0) - compute[-1] / 100})()
+            return above(compute, order)
+        return measure
+
+    found = ss.search(SIGMAS, outputs, landscape(strong_only=True), **first, dampings=ss.DAMPINGS)
+    assert len(found.compute) == 6 and found.order == ss.Forecast(1, 0.4) and found.quality.psnr >= 35.0
+    weak = ss.search(SIGMAS, outputs, landscape(strong_only=True), **first, dampings=(0.2,))
+    assert weak.compute == seven, "0.2 alone does not meet the bound on this landscape"
+    both = ss.search(SIGMAS, outputs, landscape(strong_only=False), **first, dampings=ss.DAMPINGS)
+    assert len(both.compute) == 6 and both.order == ss.Forecast(1, 0.4), "0.4 reads higher here: the better plan"
