@@ -152,6 +152,11 @@ def test_the_plan_is_the_best_measured_at_the_least_budget_not_the_first_to_meet
     assert polished, "no case where the first placement to meet the bound was not the best: nothing was tested"
 
 
+def _seven_and_more(compute, order):
+    """7 computed steps and more meet a 35 dB bound, by a pseudo-random margin per placement; fewer miss it."""
+    return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
+
+
 def _budget_measure(meets_at):
     """A stand-in whose PSNR depends on the number of computed evaluations only: 40 dB where ``meets_at`` holds,
     else 30 dB (less the plan's last index, so placements still differ)."""
@@ -192,17 +197,14 @@ def test_the_search_descends_from_the_plan_found_by_leaving_one_computed_step_ou
     descent does, then stops where no plan less one step meets the bound."""
     outputs = _outputs(3)
 
-    def above(compute, order):  # 7 steps and more meet the bound, by a pseudo-random margin per placement
-        return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
-
     # without the growing schedules: the landscape is built around the 7-step plan the other candidates reach, and
     # the descent measures the plans less one step that the error model ranks best, where the best one is
-    seven = ss.search(SIGMAS, outputs, above, min_psnr=35.0, growing=0).compute
+    seven = ss.search(SIGMAS, outputs, _seven_and_more, min_psnr=35.0, growing=0).compute
     assert len(seven) == 7
 
     def landscape(compute, order):  # as above, and the 6-step subsets of that 7-step plan meet it too
         subset = len(compute) == 6 and set(compute) < set(seven)
-        return type("Q", (), {"psnr": 36.0 - compute[-1] / 100 if subset else above(compute, order).psnr})()
+        return type("Q", (), {"psnr": 36.0 - compute[-1] / 100 if subset else _seven_and_more(compute, order).psnr})()
 
     assert len(ss.search(SIGMAS, outputs, landscape, min_psnr=35.0, descend=False, growing=0).compute) == 7, \
         "a candidate or a neighbour is already such a subset: the landscape tests nothing"
@@ -220,18 +222,17 @@ def test_the_descent_keeps_a_step_less_where_only_a_damped_forecast_meets_the_bo
     undamped runs are those of the search without them, in the same order."""
     outputs = _outputs(3)
 
-    def above(compute, order):  # 7 steps and more meet the bound, by a pseudo-random margin per placement
-        return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
-
     first = dict(min_psnr=35.0, growing=0, orders=(1,))  # a forecast with a trend to damp
-    seven = ss.search(SIGMAS, outputs, above, **first).compute
+    seven = ss.search(SIGMAS, outputs, _seven_and_more, **first).compute
     runs = []
 
     def landscape(compute, order):  # the 6-step subsets of the 7-step plan meet it only damped
         runs.append((compute, order))
         damped = isinstance(order, ss.Forecast) and order.damping > 0
         subset = len(compute) == 6 and set(compute) < set(seven)
-        return type("Q", (), {"psnr": 36.0 - compute[-1] / 100 if subset and damped else above(compute, order).psnr})()
+        if subset and damped:
+            return type("Q", (), {"psnr": 36.0 - compute[-1] / 100})()
+        return _seven_and_more(compute, order)
 
     without = ss.search(SIGMAS, outputs, landscape, **first)
     plain_runs = list(runs)
@@ -246,7 +247,7 @@ def test_the_descent_keeps_a_step_less_where_only_a_damped_forecast_meets_the_bo
 
     def no_damped_subset(compute, order):
         with_runs.append((compute, order))
-        return above(compute, order)
+        return _seven_and_more(compute, order)
 
     ss.search(SIGMAS, outputs, no_damped_subset, **first, dampings=(0.2,))
     damped_runs = [r for r in with_runs if isinstance(r[1], ss.Forecast)]
@@ -334,11 +335,8 @@ def test_the_descent_tries_each_damping_the_node_gives_it_and_keeps_the_best():
     outputs = _outputs(3)
     assert 0.2 in ss.DAMPINGS and 0.4 in ss.DAMPINGS
 
-    def above(compute, order):
-        return type("Q", (), {"psnr": (40.0 if len(compute) >= 7 else 30.0) + hash(compute) % 97 / 100})()
-
     first = dict(min_psnr=35.0, growing=0, orders=(1,))
-    seven = ss.search(SIGMAS, outputs, above, **first).compute
+    seven = ss.search(SIGMAS, outputs, _seven_and_more, **first).compute
 
     def landscape(strong_only):
         def measure(compute, order):  # the 6-step subsets of the 7-step plan: 0.4 meets the bound, 0.2 only if asked
@@ -346,7 +344,7 @@ def test_the_descent_tries_each_damping_the_node_gives_it_and_keeps_the_best():
             if len(compute) == 6 and set(compute) < set(seven) and damping:
                 met = damping >= 0.4 or not strong_only
                 return type("Q", (), {"psnr": (35.0 + damping * 5 if met else 34.0) - compute[-1] / 100})()
-            return above(compute, order)
+            return _seven_and_more(compute, order)
         return measure
 
     found = ss.search(SIGMAS, outputs, landscape(strong_only=True), **first, dampings=ss.DAMPINGS)
